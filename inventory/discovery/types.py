@@ -1,0 +1,89 @@
+"""What hardware discovery returns. Pure Python: no Django import (parsers are unit-tested alone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The columns Volt asks nvidia-smi for, in this order:
+#   nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv
+QUERY_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "pci.bus_id",
+    "temperature.gpu",
+    "utilization.gpu",
+    "memory.used",
+    "ecc.errors.uncorrected.volatile.total",
+    "power.draw",
+)
+
+
+class ParseError(ValueError):
+    """Output that cannot be understood. The message says what was expected and what was seen."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str  # as printed, e.g. "NVIDIA H100 80GB HBM3"
+    model: str  # canonical short model: "H100", "A100", "L40S", "RTX 4090" (or `name` if unknown)
+    memory_total_mib: int | None = None
+    pci_bus_id: str | None = None
+    temperature_c: int | None = None
+    utilization_pct: int | None = None
+    memory_used_mib: int | None = None
+    ecc_uncorrectable: int | None = None  # None where not supported (consumer GPUs)
+    power_draw_w: float | None = None
+
+
+@dataclass(frozen=True)
+class TopoMatrix:
+    """`nvidia-smi topo -m`: the connection between each pair of devices."""
+
+    gpus: tuple[str, ...]  # ("GPU0", "GPU1", ...)
+    nics: tuple[str, ...] = ()  # ("NIC0", ...)
+    nic_names: dict[str, str] = field(default_factory=dict)  # NIC0 -> mlx5_0, from the legend
+    links: dict[tuple[str, str], str] = field(default_factory=dict)  # (GPU0, GPU1) -> "NV18" / "SYS" / ...
+    cpu_affinity: dict[str, str] = field(default_factory=dict)
+    numa_affinity: dict[str, str] = field(default_factory=dict)
+
+    def nvlink_domains(self) -> list[list[int]]:
+        """GPU indices grouped by NVLink connectivity (connected components over NV# links).
+
+        A GPU with no NVLink to any other is a domain of its own (consumer GPUs, PCIe-only hosts).
+        """
+        indices = [int(g[3:]) for g in self.gpus]
+        parent = {i: i for i in indices}
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for (a, b), kind in self.links.items():
+            if a.startswith("GPU") and b.startswith("GPU") and a != b and kind.startswith("NV"):
+                ra, rb = find(int(a[3:])), find(int(b[3:]))
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+        groups: dict[int, list[int]] = {}
+        for i in indices:
+            groups.setdefault(find(i), []).append(i)
+        return sorted(sorted(g) for g in groups.values())
+
+
+@dataclass(frozen=True)
+class IbPort:
+    ca: str  # "mlx5_0"
+    port: int
+    state: str  # "Active", "Down", ...
+    physical_state: str  # "LinkUp", "Disabled", ...
+    rate_gbps: int  # signalling rate as printed by ibstat ("Rate: 400") in Gb/s
+    link_layer: str  # "InfiniBand" or "Ethernet" (RoCE)
+
+    @property
+    def is_up(self) -> bool:
+        return self.state == "Active" and self.physical_state == "LinkUp"

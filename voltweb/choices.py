@@ -1,0 +1,6 @@
+from django.db import models
+
+
+class TeamRole(models.TextChoices):
+    RESEARCHER = "researcher", "Researcher"
+    ADMIN = "admin", "Team admin"

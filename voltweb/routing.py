@@ -1,0 +1,5 @@
+"""Websocket routes of every app, gathered in one list."""
+
+from inventory.routing import websocket_urlpatterns as inventory_ws
+
+websocket_urlpatterns = [*inventory_ws]

@@ -1,0 +1,229 @@
+"""Volt settings. Every value comes from the environment with a default that suits the embedded demo.
+
+Production sets at least DEBUG=0, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL (PostgreSQL) and REDIS_URL.
+See README.md "Configuration" for the full list.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from voltweb.env import env_bool, env_float, env_int, env_list, env_str, env_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DEBUG", True)
+_DEV_SECRET = "volt-insecure-dev-key-change-me-in-production-0123456789abcdef"
+SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
+if not DEBUG and SECRET_KEY == _DEV_SECRET:
+    raise ImproperlyConfigured("SECRET_KEY must be set (50+ random characters) when DEBUG=0.")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must name this server's host names when DEBUG=0.")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# Where the embedded demo keeps its SQLite file and the `local` driver its host sandboxes.
+VOLT_DATA_DIR = Path(env_str("VOLT_DATA_DIR", str(BASE_DIR / "var")))
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_htmx",
+    "channels",
+    "voltweb",
+    "inventory",
+    "clusters",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "voltweb.urls"
+WSGI_APPLICATION = "voltweb.wsgi.application"
+ASGI_APPLICATION = "voltweb.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "voltweb.context_processors.volt",
+            ],
+        },
+    },
+]
+
+_default_db = f"sqlite:///{VOLT_DATA_DIR / 'volt.sqlite3'}"
+_database_url = env_url("DATABASE_URL", _default_db, {"sqlite", "postgres", "postgresql", "pgsql"})
+try:
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is invalid: {exc}") from None
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The demo's web server and Celery worker share the file; wait for locks instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "inventory:offers"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve static files straight from the finders (app dirs, STATICFILES_DIRS, plotly's bundle) without
+# collectstatic in the demo and in tests.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "voltweb.staticfinders.PlotlyFinder",
+]
+
+# Security settings that `manage.py check --deploy` asks for; all on unless DEBUG.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SILENCED_SYSTEM_CHECKS = env_list("SILENCED_SYSTEM_CHECKS", [])
+
+# Fernet key for secrets at rest (SSH private keys). Derived from SECRET_KEY unless set explicitly.
+_fernet = env_str("VOLT_ENCRYPTION_KEY", "")
+if _fernet:
+    try:
+        if len(base64.urlsafe_b64decode(_fernet)) != 32:
+            raise ValueError
+    except ValueError:
+        raise ImproperlyConfigured(
+            "VOLT_ENCRYPTION_KEY must be a Fernet key (32 url-safe base64 bytes); "
+            "make one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
+        ) from None
+    VOLT_ENCRYPTION_KEY = _fernet
+else:
+    VOLT_ENCRYPTION_KEY = base64.urlsafe_b64encode(hashlib.sha256(SECRET_KEY.encode()).digest()).decode()
+
+# --- Redis, Celery, Channels -------------------------------------------------------------------
+REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", {"redis", "rediss", "unix"})
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_EAGER_PROPAGATES = True
+# Reliability (DESIGN.md "Facts learned the hard way"): a task is acknowledged only once done, comes
+# back if its worker dies, and no worker hoards tasks. The visibility timeout must exceed the longest
+# task's hard limit or Redis redelivers a task that is still running.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 300, minimum=1)
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 360, minimum=2)
+if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured("CELERY_TASK_TIME_LIMIT must be larger than CELERY_TASK_SOFT_TIME_LIMIT.")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=CELERY_TASK_TIME_LIMIT + 1),
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = "monitoring"
+VOLT_QUEUES = ("placement", "provisioning", "monitoring", "jobs")
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "capacity": 500, "expiry": 30},
+    }
+}
+
+# --- API ---------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "voltweb.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "voltweb.api.pagination.VoltPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "voltweb.api.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Volt API",
+    "DESCRIPTION": "Multi-provider GPU inventory, topology-aware clusters, jobs. "
+    "Authenticate with `Authorization: Bearer <token>` (create tokens in the console under API tokens).",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {},
+}
+
+# --- Volt behaviour ----------------------------------------------------------------------------
+VOLT_DRIVER_TIMEOUT_S = env_float("VOLT_DRIVER_TIMEOUT_S", 20.0, minimum=1.0, maximum=600.0)
+VOLT_SSH_KNOWN_HOSTS = env_str("VOLT_SSH_KNOWN_HOSTS", "")
+VOLT_GPU_MAX_TEMP_C = env_int("VOLT_GPU_MAX_TEMP_C", 90, minimum=40)
+VOLT_HEARTBEAT_STALE_S = env_int("VOLT_HEARTBEAT_STALE_S", 300, minimum=10)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
