@@ -1,0 +1,1 @@
+"""Clusters: requests, placements, allocations and their lifecycle (placement engine in placement/)."""

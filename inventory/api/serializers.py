@@ -1,0 +1,138 @@
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from inventory.choices import DriverKind, FabricKind
+from inventory.gpu_catalog import BY_MODEL
+from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, Site
+from inventory.services import HostRequest
+
+
+class ProviderSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Provider
+        fields = ["id", "name", "slug", "status", "contact_email", "created_at", "reviewed_at"]
+        read_only_fields = ["slug", "status", "created_at", "reviewed_at"]
+
+
+class SiteSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Site
+        fields = ["id", "name", "region", "description", "backbone_gbytes_per_s"]
+
+
+class BlockSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Block
+        fields = ["id", "name", "fabric"]
+
+
+class FabricSerializer(serializers.ModelSerializer):
+    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    blocks = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    block_names = serializers.ListField(
+        child=serializers.CharField(max_length=100), write_only=True, required=False,
+        help_text="Racks / leaf switches to create in this fabric.",
+    )
+    per_host_gbytes_per_s = serializers.FloatField(required=False, min_value=0.01)
+
+    class Meta:
+        model = Fabric
+        fields = ["id", "provider", "site", "name", "kind", "per_host_gbytes_per_s", "oversubscription",
+                  "blocks", "block_names"]
+
+
+class HostSerializer(serializers.ModelSerializer):
+    """What anyone who may see a host sees. Provider admins get HostDetailSerializer."""
+
+    provider = serializers.CharField(source="provider.slug", read_only=True)
+    site = serializers.CharField(source="site.name", read_only=True)
+    region = serializers.CharField(source="site.region", read_only=True)
+    fabric = serializers.CharField(source="fabric.name", read_only=True)
+    fabric_kind = serializers.CharField(source="fabric.kind", read_only=True)
+    block = serializers.CharField(source="block.name", read_only=True)
+
+    class Meta:
+        model = Host
+        fields = ["id", "name", "provider", "region", "site", "fabric", "fabric_kind", "block", "state",
+                  "gpu_model", "gpu_count", "free_gpus", "nvlink_domain_size", "price_per_gpu_hour",
+                  "reliability", "last_heartbeat_at"]
+        read_only_fields = fields
+
+
+class HostDetailSerializer(HostSerializer):
+    class Meta(HostSerializer.Meta):
+        fields = HostSerializer.Meta.fields + ["driver", "address", "ssh_port", "ssh_user", "ssh_host_key",
+                                               "local_spec", "error_code", "error_message", "discovery",
+                                               "created_at"]
+        read_only_fields = fields
+
+
+class LocalSpecSerializer(serializers.Serializer):
+    gpu_model = serializers.ChoiceField(choices=list(BY_MODEL))
+    gpu_count = serializers.IntegerField(min_value=1, max_value=16)
+    nvlink = serializers.BooleanField(required=False)
+    nics = serializers.ListField(child=serializers.DictField(), required=False)
+
+
+class HostCreateSerializer(serializers.Serializer):
+    """Adding a host: name, where it sits (block), how to reach it, and its price."""
+
+    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    name = serializers.SlugField(max_length=100)
+    block = serializers.PrimaryKeyRelatedField(queryset=Block.objects.select_related("fabric__site"))
+    driver = serializers.ChoiceField(choices=DriverKind.choices)
+    price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=2, min_value=Decimal("0"))
+    address = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    ssh_port = serializers.IntegerField(min_value=1, max_value=65535, required=False, default=22)
+    ssh_user = serializers.CharField(max_length=64, required=False, allow_blank=True)
+    ssh_private_key = serializers.CharField(required=False, allow_blank=True, write_only=True)
+    ssh_host_key = serializers.CharField(required=False, allow_blank=True)
+    local_spec = LocalSpecSerializer(required=False)
+
+    def validate(self, attrs):
+        if attrs["driver"] == DriverKind.LOCAL and not attrs.get("local_spec"):
+            raise serializers.ValidationError({"local_spec": "Local hosts need a spec: gpu_model and gpu_count."})
+        if attrs["driver"] == DriverKind.SSH and not attrs.get("address"):
+            raise serializers.ValidationError({"address": "SSH hosts need an address (IP or DNS name)."})
+        return attrs
+
+    def to_request(self) -> HostRequest:
+        data = dict(self.validated_data)
+        data.pop("provider")
+        return HostRequest(**data)
+
+
+class HostActionSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class HostEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor.username", default=None, read_only=True)
+
+    class Meta:
+        model = HostEvent
+        fields = ["id", "at", "kind", "from_state", "to_state", "message", "actor"]
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    host_name = serializers.CharField(source="host.name", read_only=True)
+
+    class Meta:
+        model = GPU
+        fields = ["id", "host", "host_name", "index", "uuid", "model", "name", "memory_mib", "nvlink_domain",
+                  "pci_bus_id", "health", "temperature_c", "utilization_pct", "ecc_uncorrectable"]
+        read_only_fields = fields
+
+
+class OfferSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField()
+    region = serializers.CharField()
+    fabric_kind = serializers.ChoiceField(choices=FabricKind.choices)
+    free_gpus = serializers.IntegerField()
+    total_gpus = serializers.IntegerField()
+    hosts = serializers.IntegerField()
+    hosts_with_free_gpus = serializers.IntegerField()
+    max_free_gpus_per_host = serializers.IntegerField()
+    min_price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=2)
+    max_price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=2)

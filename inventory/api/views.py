@@ -1,0 +1,229 @@
+"""Inventory API: providers, sites, fabrics, hosts, GPUs and aggregated offers."""
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.response import Response
+
+from inventory import services
+from inventory.api import serializers as s
+from inventory.filters import GpuFilter, HostFilter, OfferFilter
+from inventory.models import Block, Fabric, Host, Provider, Site
+from voltweb.api.errors import ErrorResponseSerializer, ServiceError
+from voltweb.services import is_platform_admin
+from voltweb.statemachine import IllegalTransition
+
+ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
+
+
+def _django_to_drf(exc: DjangoValidationError) -> ValidationError:
+    return ValidationError(getattr(exc, "message_dict", None) or {"non_field_errors": exc.messages})
+
+
+@extend_schema(responses=ERRORS)
+class ProviderViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Providers you may see. POST registers a new provider (pending until a platform admin approves)."""
+
+    serializer_class = s.ProviderSerializer
+    lookup_field = "slug"
+    filterset_fields = ["status"]
+
+    def get_queryset(self):
+        return services.visible_providers(self.request.user)
+
+    def perform_create(self, serializer):
+        try:
+            serializer.instance = services.register_provider(
+                self.request.user, serializer.validated_data["name"], serializer.validated_data.get("contact_email", "")
+            )
+        except DjangoValidationError as exc:
+            raise _django_to_drf(exc) from None
+
+    @extend_schema(request=None, responses={200: s.ProviderSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def approve(self, request, slug=None):
+        return self._review(True)
+
+    @extend_schema(request=None, responses={200: s.ProviderSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def suspend(self, request, slug=None):
+        return self._review(False)
+
+    def _review(self, approve: bool):
+        provider = self.get_object()
+        if not is_platform_admin(self.request.user):
+            raise PermissionDenied("Only platform admins approve or suspend providers.")
+        try:
+            services.review_provider(provider, approve)
+        except IllegalTransition as exc:
+            raise ServiceError(str(exc), code="illegal_transition") from None
+        return Response(s.ProviderSerializer(provider).data)
+
+
+class SiteViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Data centers. Provider admins and platform admins may add one."""
+
+    serializer_class = s.SiteSerializer
+    queryset = Site.objects.all()
+    filterset_fields = ["region"]
+
+    def perform_create(self, serializer):
+        if not (is_platform_admin(self.request.user) or services.managed_provider_ids(self.request.user)):
+            raise PermissionDenied("Only provider admins and platform admins add sites.")
+        serializer.save()
+
+
+class FabricViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Interconnect fabrics (with their blocks). Provider admins create fabrics for their provider."""
+
+    serializer_class = s.FabricSerializer
+    filterset_fields = ["site", "kind"]
+
+    def get_queryset(self):
+        providers = services.visible_providers(self.request.user)
+        return Fabric.objects.filter(provider__in=providers).select_related("site", "provider").prefetch_related("blocks")
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        if not services.can_manage_provider(self.request.user, data["provider"]):
+            raise NotFound("No such provider among yours.")
+        try:
+            serializer.instance = services.create_fabric(
+                data["provider"], data["site"], data["name"], data["kind"], data.get("per_host_gbytes_per_s"),
+                data.get("oversubscription", 1.0), data.get("block_names", []),
+            )
+        except DjangoValidationError as exc:
+            raise _django_to_drf(exc) from None
+
+
+class BlockViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.BlockSerializer
+    filterset_fields = ["fabric"]
+
+    def get_queryset(self):
+        return Block.objects.filter(fabric__provider__in=services.visible_providers(self.request.user))
+
+
+@extend_schema(responses=ERRORS)
+class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Hosts you may see, filterable. POST adds a host and queues its onboarding (202)."""
+
+    filterset_class = HostFilter
+    ordering_fields = ["price_per_gpu_hour", "free_gpus", "name", "reliability", "created_at"]
+    ordering = ["price_per_gpu_hour", "id"]
+
+    def get_queryset(self):
+        return services.visible_hosts(self.request.user).select_related("provider", "site", "fabric", "block")
+
+    def get_serializer_class(self):
+        if self.action == "create":
+            return s.HostCreateSerializer
+        if self.action in ("retrieve",) + tuple(services.HOST_ACTIONS):
+            return s.HostDetailSerializer
+        return s.HostSerializer
+
+    def retrieve(self, request, *args, **kwargs):
+        host = self.get_object()
+        serializer = s.HostDetailSerializer if self._manages(host) else s.HostSerializer
+        return Response(serializer(host).data)
+
+    def _manages(self, host: Host) -> bool:
+        return services.can_manage_provider(self.request.user, host.provider)
+
+    @extend_schema(request=s.HostCreateSerializer, responses={202: s.HostDetailSerializer, **ERRORS})
+    def create(self, request, *args, **kwargs):
+        serializer = s.HostCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        provider = serializer.validated_data["provider"]
+        if not services.can_manage_provider(request.user, provider):
+            raise NotFound("No such provider among yours.")
+        try:
+            host = services.add_host(provider, serializer.to_request(), actor=request.user)
+        except DjangoValidationError as exc:
+            raise _django_to_drf(exc) from None
+        return Response(s.HostDetailSerializer(host).data, status=status.HTTP_202_ACCEPTED)
+
+    def _act(self, request, pk, action_name):
+        host = self.get_object()
+        if not self._manages(host):
+            raise NotFound("No such host among your provider's hosts.")
+        body = s.HostActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            host = services.act_on_host(host, action_name, request.user, body.validated_data.get("reason", ""))
+        except IllegalTransition as exc:
+            raise ServiceError(f"{exc} Current state: {exc.current}.", code="illegal_transition") from None
+        return Response(s.HostDetailSerializer(host).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        return self._act(request, pk, "drain")
+
+    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, pk=None):
+        return self._act(request, pk, "cordon")
+
+    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, pk=None):
+        return self._act(request, pk, "uncordon")
+
+    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @action(detail=True, methods=["post"])
+    def retire(self, request, pk=None):
+        return self._act(request, pk, "retire")
+
+    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @action(detail=True, methods=["post"])
+    def rediscover(self, request, pk=None):
+        return self._act(request, pk, "rediscover")
+
+    @extend_schema(responses={200: s.HostEventSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        host = self.get_object()
+        if not self._manages(host):
+            raise NotFound("No such host among your provider's hosts.")
+        page = self.paginate_queryset(services.host_history(host))
+        return self.get_paginated_response(s.HostEventSerializer(page, many=True).data)
+
+
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    """GPUs of the hosts you may see."""
+
+    serializer_class = s.GpuSerializer
+    filterset_class = GpuFilter
+    ordering_fields = ["host", "index", "model"]
+    ordering = ["host_id", "index"]
+
+    def get_queryset(self):
+        return services.visible_gpus(self.request.user).select_related("host")
+
+
+class OfferViewSet(viewsets.GenericViewSet):
+    """Free capacity by GPU model x region x fabric kind: what a researcher could get now."""
+
+    serializer_class = s.OfferSerializer
+    filterset_class = OfferFilter
+    ordering = None
+
+    def get_queryset(self):
+        return services.visible_hosts(self.request.user)
+
+    def list(self, request):
+        hosts = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(services.offers(hosts))
+        return self.get_paginated_response(s.OfferSerializer(page, many=True).data)
+
+
+def get_host_or_404(user, pk) -> Host:
+    return get_object_or_404(services.visible_hosts(user), pk=pk)
+
+
+def get_provider_or_404(user, slug) -> Provider:
+    return get_object_or_404(services.visible_providers(user), slug=slug)

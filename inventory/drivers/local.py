@@ -1,0 +1,137 @@
+"""The `local` driver: each host is a sandbox folder on this machine (the embedded default).
+
+A sandbox looks like a small host: `spec.json` declares its GPUs and NICs, `bin/` holds a simulated
+`nvidia-smi` and `ibstat` that print the real formats (see simulator.py), `home/` is the working
+directory, and `faults/` holds files that inject failures:
+
+    faults/unreachable          every driver call fails as if the host were down
+    faults/nvidia_smi_garbage   nvidia-smi prints something that is not its real output
+    faults/gpu_lost             "3" or "1,5": those GPUs fell off the bus
+    faults/ecc_uncorrectable    "0": those GPUs report uncorrectable ECC errors
+    faults/hot                  "2": those GPUs run at 96 C
+A host without nvidia-smi is a sandbox whose bin/ lacks it (fault `nvidia_smi_missing` at creation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from inventory.drivers.base import CommandResult, CommandTimeout, DriverError, HostDriver, HostUnreachable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAULTS = ("unreachable", "nvidia_smi_garbage", "nvidia_smi_missing", "gpu_lost", "ecc_uncorrectable", "hot")
+_TOOLS = ("nvidia-smi", "ibstat")
+
+
+class LocalDriver(HostDriver):
+    """Runs commands in the sandbox with its own PATH, HOME and loopback address."""
+
+    def __init__(self, sandbox: Path, address: str, default_timeout: float = 30.0):
+        self.sandbox = Path(sandbox)
+        self.address = address
+        self.default_timeout = default_timeout
+
+    def _check_up(self) -> None:
+        if not self.sandbox.is_dir():
+            raise HostUnreachable(f"local host {self.address}: sandbox {self.sandbox} does not exist.")
+        if (self.sandbox / "faults" / "unreachable").exists():
+            raise HostUnreachable(f"local host {self.address} is not answering (fault injected: unreachable).")
+
+    def environment(self) -> dict[str, str]:
+        bin_dirs = [str(self.sandbox / "bin"), str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]
+        return {
+            "PATH": os.pathsep.join(bin_dirs),
+            "HOME": str(self.sandbox / "home"),
+            "VOLT_HOST_ROOT": str(self.sandbox),
+            "VOLT_HOST_ADDRESS": self.address,
+            "PYTHONPATH": str(REPO_ROOT),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "LANG": "C.UTF-8",
+        }
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        self._check_up()
+        limit = timeout or self.default_timeout
+        proc = subprocess.Popen(
+            ["bash", "-c", command], cwd=self.sandbox / "home", env=self.environment(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise CommandTimeout(f"{command!r} on {self.address} ran past {limit:g} s and was stopped.") from None
+        return CommandResult(proc.returncode, stdout, stderr)
+
+    def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:
+        self._check_up()
+        target = self.resolve(remote_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local_path, target)
+
+    def check_reachable(self, timeout: float | None = None) -> None:
+        self._check_up()
+
+    def resolve(self, remote_path: str) -> Path:
+        """Map a host path into the sandbox: absolute paths are rooted at the sandbox, others at home/."""
+        base = self.sandbox if remote_path.startswith("/") else self.sandbox / "home"
+        target = (base / remote_path.lstrip("/")).resolve()
+        if not target.is_relative_to(self.sandbox.resolve()):
+            raise DriverError(f"{remote_path!r} points outside the host's sandbox.")
+        return target
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | None = None) -> None:
+    """Lay out (or refresh) a sandbox for `spec`; `faults` maps fault names to file contents."""
+    for sub in ("bin", "home", "faults", "workspace"):
+        (sandbox / sub).mkdir(parents=True, exist_ok=True)
+    (sandbox / "spec.json").write_text(json.dumps(dict(spec), indent=2))
+    faults = dict(faults or {})
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {', '.join(FAULTS)}")
+    for existing in (sandbox / "faults").iterdir():
+        existing.unlink()
+    for name, content in faults.items():
+        if name != "nvidia_smi_missing":
+            (sandbox / "faults" / name).write_text(content)
+    for tool in _TOOLS:
+        path = sandbox / "bin" / tool
+        path.unlink(missing_ok=True)
+        if tool == "nvidia-smi" and "nvidia_smi_missing" in faults:
+            continue
+        path.write_text(_tool_script(tool))
+        path.chmod(0o755)
+
+
+def set_fault(sandbox: Path, name: str, content: str = "") -> None:
+    """Inject a fault into a running sandbox (tests, demos)."""
+    if name not in FAULTS or name == "nvidia_smi_missing":
+        raise ValueError(f"cannot inject {name!r} at run time")
+    (sandbox / "faults" / name).write_text(content)
+
+
+def clear_fault(sandbox: Path, name: str) -> None:
+    (sandbox / "faults" / name).unlink(missing_ok=True)
+
+
+def _tool_script(tool: str) -> str:
+    return (
+        "#!/bin/sh\n"
+        f'PYTHONPATH="{REPO_ROOT}" exec "{sys.executable}" -m inventory.drivers.simulator {tool} "$@"\n'
+    )

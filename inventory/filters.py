@@ -1,0 +1,74 @@
+"""Filters shared by the host/GPU/offer API endpoints and the console's inventory pages."""
+
+import django_filters
+from django.db.models import Q
+
+from inventory.choices import INTERCONNECT_FAMILIES, FabricKind, GpuHealth, HostState
+from inventory.models import GPU, Host
+
+INTERCONNECT_CHOICES = [(family, family.title() if family != "roce" else "RoCE") for family in INTERCONNECT_FAMILIES]
+INTERCONNECT_CHOICES += list(FabricKind.choices)
+
+
+def _filter_interconnect(queryset, field_prefix, value):
+    kinds = INTERCONNECT_FAMILIES.get(value, {value})
+    return queryset.filter(**{f"{field_prefix}fabric__kind__in": kinds})
+
+
+class HostFilter(django_filters.FilterSet):
+    model = django_filters.CharFilter(field_name="gpu_model", lookup_expr="iexact", label="GPU model")
+    region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact")
+    site = django_filters.CharFilter(field_name="site__name", lookup_expr="iexact")
+    interconnect = django_filters.ChoiceFilter(
+        choices=INTERCONNECT_CHOICES, method="filter_interconnect",
+        help_text="A family (infiniband, roce, ethernet) or a fabric kind (ib_ndr, eth_100g, ...).",
+    )
+    min_free_gpus = django_filters.NumberFilter(field_name="free_gpus", lookup_expr="gte", min_value=0)
+    max_price = django_filters.NumberFilter(
+        field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0, label="Max price per GPU-hour"
+    )
+    state = django_filters.ChoiceFilter(choices=HostState.choices)
+    provider = django_filters.CharFilter(field_name="provider__slug")
+    q = django_filters.CharFilter(method="filter_search", label="Search")
+
+    class Meta:
+        model = Host
+        fields = ["model", "region", "site", "interconnect", "min_free_gpus", "max_price", "state", "provider"]
+
+    def filter_interconnect(self, queryset, name, value):
+        return _filter_interconnect(queryset, "", value)
+
+    def filter_search(self, queryset, name, value):
+        return queryset.filter(Q(name__icontains=value) | Q(gpu_model__icontains=value) | Q(site__name__icontains=value))
+
+
+class OfferFilter(django_filters.FilterSet):
+    """Narrows the hosts before aggregation into offers."""
+
+    model = django_filters.CharFilter(field_name="gpu_model", lookup_expr="iexact")
+    region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact")
+    interconnect = django_filters.ChoiceFilter(choices=INTERCONNECT_CHOICES, method="filter_interconnect")
+    min_free_gpus = django_filters.NumberFilter(field_name="free_gpus", lookup_expr="gte", min_value=0)
+    max_price = django_filters.NumberFilter(field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0)
+
+    class Meta:
+        model = Host
+        fields = ["model", "region", "interconnect", "min_free_gpus", "max_price"]
+
+    def filter_interconnect(self, queryset, name, value):
+        return _filter_interconnect(queryset, "", value)
+
+
+class GpuFilter(django_filters.FilterSet):
+    host = django_filters.NumberFilter(field_name="host_id")
+    model = django_filters.CharFilter(field_name="model", lookup_expr="iexact")
+    region = django_filters.CharFilter(field_name="host__site__region", lookup_expr="iexact")
+    interconnect = django_filters.ChoiceFilter(choices=INTERCONNECT_CHOICES, method="filter_interconnect")
+    health = django_filters.ChoiceFilter(choices=GpuHealth.choices)
+
+    class Meta:
+        model = GPU
+        fields = ["host", "model", "region", "interconnect", "health"]
+
+    def filter_interconnect(self, queryset, name, value):
+        return _filter_interconnect(queryset, "host__", value)

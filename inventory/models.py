@@ -1,0 +1,212 @@
+"""Inventory: who offers GPUs (providers), where they sit (site > fabric > block > host) and the GPUs."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from inventory.choices import (
+    DEFAULT_HOST_BANDWIDTH_GBYTES,
+    DriverKind,
+    FabricKind,
+    GpuHealth,
+    HostEventKind,
+    HostState,
+    OnboardingError,
+    ProviderStatus,
+)
+
+
+class Provider(models.Model):
+    """An organisation offering hosts. Its hosts are offered only once a platform admin approves it."""
+
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=100, unique=True)
+    status = models.CharField(max_length=20, choices=ProviderStatus.choices, default=ProviderStatus.PENDING)
+    contact_email = models.EmailField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    admins = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, through="ProviderMembership", related_name="provider_orgs"
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ProviderMembership(models.Model):
+    """A provider admin: may onboard, drain, cordon and retire the provider's hosts."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="provider_memberships"
+    )
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "user"], name="provider_member_unique")]
+
+
+class Site(models.Model):
+    """A data center in a region. Sites are shared: several providers may rent space in one."""
+
+    name = models.CharField(max_length=100, unique=True, help_text="Data center code, e.g. iad1.")
+    region = models.CharField(max_length=50, db_index=True, help_text="e.g. us-east, eu-west.")
+    description = models.CharField(max_length=200, blank=True)
+    backbone_gbytes_per_s = models.FloatField(
+        default=12.5, validators=[MinValueValidator(0.01)], help_text="Bandwidth between fabrics (GB/s)."
+    )
+
+    class Meta:
+        ordering = ["region", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.region})"
+
+
+class Fabric(models.Model):
+    """One interconnect domain inside a site (an InfiniBand subnet, a RoCE or Ethernet network)."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="fabrics")
+    site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="fabrics")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, choices=FabricKind.choices)
+    per_host_gbytes_per_s = models.FloatField(
+        validators=[MinValueValidator(0.01)], help_text="Injection bandwidth per host (GB/s)."
+    )
+    oversubscription = models.FloatField(
+        default=1.0, validators=[MinValueValidator(1.0)], help_text="Leaf-to-spine ratio, 1.0 = non-blocking."
+    )
+
+    class Meta:
+        ordering = ["site__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["site", "name"], name="fabric_unique_name_per_site")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_kind_display()})"
+
+    def save(self, *args, **kwargs):
+        if not self.per_host_gbytes_per_s:
+            self.per_host_gbytes_per_s = DEFAULT_HOST_BANDWIDTH_GBYTES[FabricKind(self.kind)]
+        super().save(*args, **kwargs)
+
+
+class Block(models.Model):
+    """A rack or leaf switch within a fabric: hosts in one block talk at full fabric bandwidth."""
+
+    fabric = models.ForeignKey(Fabric, on_delete=models.CASCADE, related_name="blocks")
+    name = models.CharField(max_length=100)
+
+    class Meta:
+        ordering = ["fabric__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["fabric", "name"], name="block_unique_name_per_fabric")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Host(models.Model):
+    """A provider machine. GPU model and counts are denormalised here so offers stay fast at scale."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="hosts")
+    name = models.CharField(max_length=100)
+    site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="hosts")
+    fabric = models.ForeignKey(Fabric, on_delete=models.PROTECT, related_name="hosts")
+    block = models.ForeignKey(Block, on_delete=models.PROTECT, related_name="hosts")
+    driver = models.CharField(max_length=10, choices=DriverKind.choices)
+    address = models.CharField(max_length=255, help_text="IP or DNS name; 127.0.0.N for local hosts.")
+    ssh_port = models.PositiveIntegerField(default=22, validators=[MaxValueValidator(65535)])
+    ssh_user = models.CharField(max_length=64, blank=True)
+    ssh_private_key_encrypted = models.TextField(blank=True, help_text="Fernet-encrypted OpenSSH key.")
+    ssh_host_key = models.TextField(blank=True, help_text="Pinned public host key line.")
+    local_spec = models.JSONField(default=dict, blank=True, help_text="Declared hardware of a local host.")
+    state = models.CharField(
+        max_length=20, choices=HostState.choices, default=HostState.ONBOARDING, db_index=True
+    )
+    price_per_gpu_hour = models.DecimalField(
+        max_digits=8, decimal_places=2, validators=[MinValueValidator(Decimal("0.00"))]
+    )
+    reliability = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="Share of recent health checks passed (0..1).",
+    )
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    gpu_model = models.CharField(max_length=50, blank=True, db_index=True)
+    gpu_count = models.PositiveIntegerField(default=0)
+    free_gpus = models.PositiveIntegerField(default=0, help_text="Healthy GPUs not allocated to a cluster.")
+    nvlink_domain_size = models.PositiveIntegerField(default=0, help_text="Largest NVLink domain (GPUs).")
+    error_code = models.CharField(max_length=30, choices=OnboardingError.choices, blank=True)
+    error_message = models.TextField(blank=True)
+    discovery = models.JSONField(default=dict, blank=True, help_text="Last discovery result.")
+    onboarding_started_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["provider__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "name"], name="host_unique_name_per_provider"),
+            models.UniqueConstraint(
+                fields=["driver", "address", "ssh_port"], name="host_unique_address",
+                condition=~models.Q(state=HostState.RETIRED),
+            ),
+            models.CheckConstraint(condition=models.Q(free_gpus__lte=models.F("gpu_count")), name="host_free_le_total"),
+        ]
+        indexes = [
+            models.Index(fields=["state", "gpu_model", "free_gpus"], name="host_offer_idx"),
+            models.Index(fields=["state", "price_per_gpu_hour"], name="host_price_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GPU(models.Model):
+    """One GPU of a host, as discovered. Allocation to clusters lives in the clusters app."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64)
+    model = models.CharField(max_length=50)
+    name = models.CharField(max_length=100, help_text="As nvidia-smi prints it.")
+    memory_mib = models.PositiveIntegerField(null=True, blank=True)
+    nvlink_domain = models.PositiveSmallIntegerField(default=0)
+    pci_bus_id = models.CharField(max_length=32, blank=True)
+    health = models.CharField(max_length=20, choices=GpuHealth.choices, default=GpuHealth.HEALTHY)
+    temperature_c = models.IntegerField(null=True, blank=True)
+    utilization_pct = models.IntegerField(null=True, blank=True)
+    ecc_uncorrectable = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["host_id", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_index_per_host"),
+            models.UniqueConstraint(fields=["uuid"], name="gpu_unique_uuid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}/gpu{self.index} ({self.model})"
+
+
+class HostEvent(models.Model):
+    """A line of a host's history: state changes, discovery results, errors, health checks."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=20, choices=HostEventKind.choices)
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20, blank=True)
+    message = models.TextField(blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.host_id} {self.kind} {self.at:%Y-%m-%d %H:%M}"

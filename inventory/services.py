@@ -1,0 +1,476 @@
+"""Inventory operations: provider registration, host onboarding and lifecycle, what each user may see.
+
+Views, API viewsets and tasks call these functions; nothing else writes inventory models.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.utils import timezone
+from django.utils.text import slugify
+
+from inventory import transitions
+from inventory.choices import (
+    INTERCONNECT_FAMILIES,
+    DriverKind,
+    GpuHealth,
+    HostEventKind,
+    HostState,
+    ProviderStatus,
+)
+from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
+from inventory.drivers.base import HostDriver
+from inventory.drivers.local import LocalDriver, create_sandbox
+from inventory.gpu_catalog import BY_MODEL
+from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, ProviderMembership, Site
+from voltweb import crypto, realtime
+from voltweb.services import is_platform_admin
+
+logger = logging.getLogger(__name__)
+
+
+# --- who may see and change what -------------------------------------------------------------------
+
+
+def managed_provider_ids(user: AbstractBaseUser) -> set[int]:
+    if not user.is_authenticated:
+        return set()
+    return set(ProviderMembership.objects.filter(user=user).values_list("provider_id", flat=True))
+
+
+def can_manage_provider(user: AbstractBaseUser, provider: Provider) -> bool:
+    return is_platform_admin(user) or provider.pk in managed_provider_ids(user)
+
+
+def is_researcher(user: AbstractBaseUser) -> bool:
+    return user.is_authenticated and user.memberships.exists()
+
+
+def visible_providers(user: AbstractBaseUser) -> QuerySet[Provider]:
+    """Platform admins see all; provider admins their own; researchers every approved provider."""
+    if is_platform_admin(user):
+        return Provider.objects.all()
+    mine = Q(pk__in=managed_provider_ids(user))
+    if is_researcher(user):
+        mine |= Q(status=ProviderStatus.APPROVED)
+    return Provider.objects.filter(mine)
+
+
+def visible_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
+    """Provider admins see their own hosts in every state; researchers see what they could get."""
+    if is_platform_admin(user):
+        return Host.objects.all()
+    mine = Q(provider_id__in=managed_provider_ids(user))
+    if is_researcher(user):
+        mine |= Q(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
+    return Host.objects.filter(mine)
+
+
+def visible_gpus(user: AbstractBaseUser) -> QuerySet[GPU]:
+    return GPU.objects.filter(host__in=visible_hosts(user))
+
+
+def offerable_hosts() -> QuerySet[Host]:
+    """Hosts that placement may use: available, from an approved provider."""
+    return Host.objects.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
+
+
+# --- providers ---------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def register_provider(user: AbstractBaseUser, name: str, contact_email: str = "") -> Provider:
+    """A provider admin registers an organisation; it waits for a platform admin's approval."""
+    slug = slugify(name)
+    if not slug:
+        raise ValidationError({"name": "Use letters or digits in the name."})
+    if Provider.objects.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
+        raise ValidationError({"name": f"A provider named {name!r} already exists."})
+    provider = Provider.objects.create(name=name, slug=slug, contact_email=contact_email)
+    ProviderMembership.objects.create(provider=provider, user=user)
+    return provider
+
+
+def review_provider(provider: Provider, approve: bool) -> Provider:
+    target = ProviderStatus.APPROVED if approve else ProviderStatus.SUSPENDED
+    return transitions.transition_provider(provider, target, extra={"reviewed_at": timezone.now()})
+
+
+def add_provider_admin(provider: Provider, user: AbstractBaseUser) -> None:
+    ProviderMembership.objects.get_or_create(provider=provider, user=user)
+
+
+# --- topology ----------------------------------------------------------------------------------------
+
+
+def get_or_create_site(name: str, region: str, backbone_gbytes_per_s: float = 12.5) -> Site:
+    site, _ = Site.objects.get_or_create(
+        name=name, defaults={"region": region, "backbone_gbytes_per_s": backbone_gbytes_per_s}
+    )
+    return site
+
+
+def create_fabric(provider: Provider, site: Site, name: str, kind: str, per_host_gbytes_per_s: float | None = None,
+                  oversubscription: float = 1.0, blocks: list[str] | None = None) -> Fabric:
+    with transaction.atomic():
+        fabric, _ = Fabric.objects.get_or_create(
+            site=site, name=name,
+            defaults={"provider": provider, "kind": kind, "per_host_gbytes_per_s": per_host_gbytes_per_s or 0,
+                      "oversubscription": oversubscription},
+        )
+        if fabric.provider_id != provider.pk:
+            raise ValidationError({"name": f"Fabric {name!r} in {site.name} belongs to another provider."})
+        for block_name in blocks or []:
+            Block.objects.get_or_create(fabric=fabric, name=block_name)
+    return fabric
+
+
+# --- hosts: adding and onboarding --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostRequest:
+    """What a provider admin submits to add a host (console form or API)."""
+
+    name: str
+    block: Block
+    driver: str
+    price_per_gpu_hour: Decimal
+    address: str = ""
+    ssh_port: int = 22
+    ssh_user: str = ""
+    ssh_private_key: str = ""
+    ssh_host_key: str = ""
+    local_spec: dict | None = None
+    local_faults: dict | None = None
+
+
+def sandbox_path(host: Host) -> Path:
+    return Path(settings.VOLT_DATA_DIR) / "hosts" / f"{host.provider.slug}-{host.pk}"
+
+
+def driver_for(host: Host) -> HostDriver:
+    """The driver that reaches `host`, configured from its record."""
+    timeout = settings.VOLT_DRIVER_TIMEOUT_S
+    if host.driver == DriverKind.LOCAL:
+        return LocalDriver(sandbox_path(host), host.address, default_timeout=timeout)
+    from inventory.drivers.ssh import SshDriver
+
+    return SshDriver(
+        host=host.address, port=host.ssh_port, username=host.ssh_user or "root",
+        private_key=crypto.decrypt(host.ssh_private_key_encrypted) or None,
+        known_host_key=host.ssh_host_key or None, connect_timeout=timeout, command_timeout=timeout,
+    )
+
+
+def add_host(
+    provider: Provider, request: HostRequest, actor: AbstractBaseUser | None = None, queue: bool = True
+) -> Host:
+    """Create the host in ONBOARDING and queue discovery (`queue=False`: the caller runs onboard_host).
+
+    Validation errors name the field to fix.
+    """
+    _validate_host_request(provider, request)
+    try:
+        with transaction.atomic():
+            host = Host.objects.create(
+                provider=provider, name=request.name, site=request.block.fabric.site, fabric=request.block.fabric,
+                block=request.block, driver=request.driver, address=_address_for(request),
+                ssh_port=request.ssh_port, ssh_user=request.ssh_user,
+                ssh_private_key_encrypted=crypto.encrypt(request.ssh_private_key),
+                ssh_host_key=request.ssh_host_key.strip(), local_spec=_local_spec(request),
+                price_per_gpu_hour=request.price_per_gpu_hour, onboarding_started_at=timezone.now(),
+            )
+            HostEvent.objects.create(
+                host=host, kind=HostEventKind.STATE, to_state=HostState.ONBOARDING,
+                message="host added; discovery queued", actor=actor if actor and actor.is_authenticated else None,
+            )
+            if host.driver == DriverKind.LOCAL:
+                create_sandbox(sandbox_path(host), host.local_spec, request.local_faults)
+            if queue:
+                _queue_onboarding(host)
+    except IntegrityError as exc:
+        raise ValidationError({"name": f"A host with this name or address already exists ({exc.__class__.__name__})."}) from None
+    return host
+
+
+def _validate_host_request(provider: Provider, request: HostRequest) -> None:
+    errors: dict[str, str] = {}
+    if request.block.fabric.provider_id != provider.pk:
+        errors["block"] = "This block's fabric belongs to another provider; pick one of your own fabrics."
+    if Host.objects.filter(provider=provider, name=request.name).exists():
+        errors["name"] = f"You already have a host named {request.name!r}."
+    if request.driver == DriverKind.SSH:
+        if not request.address:
+            errors["address"] = "SSH hosts need an address (IP or DNS name)."
+        if not request.ssh_private_key and not request.ssh_user:
+            errors["ssh_user"] = "Give the SSH user Volt logs in as."
+        if request.ssh_private_key and "PRIVATE KEY" not in request.ssh_private_key:
+            errors["ssh_private_key"] = "Paste an OpenSSH private key (-----BEGIN OPENSSH PRIVATE KEY----- ...)."
+    elif request.driver == DriverKind.LOCAL:
+        spec = request.local_spec or {}
+        if spec.get("gpu_model") not in BY_MODEL:
+            errors["gpu_model"] = f"Unknown GPU model; choose one of {', '.join(BY_MODEL)}."
+        count = spec.get("gpu_count")
+        if not isinstance(count, int) or not 1 <= count <= 16:
+            errors["gpu_count"] = "A local host has 1 to 16 GPUs."
+    else:
+        errors["driver"] = f"Unknown driver {request.driver!r}; use local or ssh."
+    if errors:
+        raise ValidationError(errors)
+
+
+def _local_spec(request: HostRequest) -> dict:
+    if request.driver != DriverKind.LOCAL:
+        return {}
+    spec = dict(request.local_spec or {})
+    spec.setdefault("seed", f"{request.name}-{timezone.now().timestamp()}")
+    return spec
+
+
+def _address_for(request: HostRequest) -> str:
+    if request.driver != DriverKind.LOCAL:
+        return request.address.strip()
+    return request.address or next_local_address()
+
+
+def next_local_address() -> str:
+    """The first free 127.0.x.y (y >= 2): each local host gets its own loopback address (DESIGN.md)."""
+    used = set(
+        Host.objects.filter(driver=DriverKind.LOCAL).exclude(state=HostState.RETIRED).values_list("address", flat=True)
+    )
+    for candidate in ipaddress.ip_network("127.0.0.0/16").hosts():
+        text = str(candidate)
+        if candidate.packed[3] >= 2 and text not in used:
+            return text
+    raise ValidationError({"address": "No free loopback address left for local hosts."})
+
+
+def _queue_onboarding(host: Host) -> None:
+    from inventory.tasks import onboard_host_task
+
+    transaction.on_commit(lambda: onboard_host_task.delay(host.pk))
+
+
+def onboard_host(host_id: int) -> Host:
+    """Discover the host's GPUs and interconnect, check health, and make it available — or record why not.
+
+    Idempotent: a redelivered task finds the host past ONBOARDING and returns it unchanged.
+    """
+    host = Host.objects.select_related("provider").get(pk=host_id)
+    if host.state != HostState.ONBOARDING:
+        return host
+    _event(host, HostEventKind.DISCOVERY, f"connecting to {host.address} through the {host.driver} driver")
+    try:
+        with driver_for(host) as driver:
+            discovery = discover(driver, settings.VOLT_DRIVER_TIMEOUT_S, settings.VOLT_GPU_MAX_TEMP_C)
+            seen_key = getattr(driver, "seen_host_key", None)
+    except DiscoveryFailed as failure:
+        return _fail_onboarding(host, failure.code, failure.message)
+    except ValueError as exc:
+        return _fail_onboarding(host, "driver_error", str(exc))
+    return _complete_onboarding(host, discovery, seen_key)
+
+
+def _fail_onboarding(host: Host, code: str, message: str) -> Host:
+    with transaction.atomic():
+        _event(host, HostEventKind.ERROR, message)
+        return transitions.transition_host(
+            host, HostState.FAILED, reason=message,
+            extra={"error_code": code, "error_message": message, "free_gpus": 0},
+        )
+
+
+@transaction.atomic
+def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None) -> Host:
+    seen_indices = []
+    for gpu in discovery.gpus:
+        GPU.objects.update_or_create(
+            host=host, index=gpu.index,
+            defaults={
+                "uuid": gpu.uuid, "model": gpu.model, "name": gpu.name, "memory_mib": gpu.memory_total_mib,
+                "nvlink_domain": discovery.domain_of(gpu.index), "pci_bus_id": gpu.pci_bus_id or "",
+                "health": GpuHealth.HEALTHY, "temperature_c": gpu.temperature_c,
+                "utilization_pct": gpu.utilization_pct, "ecc_uncorrectable": gpu.ecc_uncorrectable,
+            },
+        )
+        seen_indices.append(gpu.index)
+    GPU.objects.filter(host=host).exclude(index__in=seen_indices).delete()
+    count = len(discovery.gpus)
+    summary = (
+        f"found {count} x {discovery.gpu_model}, NVLink domains {[list(d) for d in discovery.nvlink_domains]}, "
+        f"{len([p for p in discovery.ib_ports if p.is_up])} InfiniBand/RoCE ports up"
+    )
+    _event(host, HostEventKind.DISCOVERY, summary)
+    extra = {
+        "gpu_model": discovery.gpu_model, "gpu_count": count, "free_gpus": count,
+        "nvlink_domain_size": max(len(d) for d in discovery.nvlink_domains), "discovery": discovery.as_json(),
+        "error_code": "", "error_message": "", "last_heartbeat_at": timezone.now(),
+    }
+    if seen_key and not host.ssh_host_key:
+        extra["ssh_host_key"] = seen_key  # trust on first use, pinned from now on
+    return transitions.transition_host(host, HostState.AVAILABLE, reason=summary, extra=extra)
+
+
+def _event(host: Host, kind: str, message: str) -> None:
+    HostEvent.objects.create(host=host, kind=kind, message=message)
+    realtime.broadcast(f"host-{host.pk}", {"kind": kind, "message": message})
+
+
+# --- hosts: lifecycle actions by provider admins -----------------------------------------------------
+
+HOST_ACTIONS = {
+    "drain": HostState.DRAINING,
+    "cordon": HostState.CORDONED,
+    "uncordon": HostState.AVAILABLE,
+    "retire": HostState.RETIRED,
+    "rediscover": HostState.ONBOARDING,
+}
+
+
+def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, reason: str = "") -> Host:
+    """Drain, cordon, uncordon, retire or re-discover a host (raises IllegalTransition from a wrong state)."""
+    target = HOST_ACTIONS[action]
+    extra: dict = {}
+    if target == HostState.ONBOARDING:
+        extra = {"onboarding_started_at": timezone.now(), "error_code": "", "error_message": ""}
+    with transaction.atomic():
+        host = transitions.transition_host(host, target, reason=reason or f"{action} requested", actor=actor, extra=extra)
+        if target == HostState.ONBOARDING:
+            _queue_onboarding(host)
+    return host
+
+
+def host_history(host: Host) -> QuerySet[HostEvent]:
+    return host.events.select_related("actor")
+
+
+def reap_stuck_onboarding(older_than_s: int | None = None) -> int:
+    """Fail hosts stuck in ONBOARDING past the deadline (their task was lost); returns how many."""
+    limit = older_than_s or settings.CELERY_TASK_TIME_LIMIT * 2
+    deadline = timezone.now() - timezone.timedelta(seconds=limit)
+    reaped = 0
+    for host in Host.objects.filter(state=HostState.ONBOARDING, onboarding_started_at__lt=deadline):
+        try:
+            _fail_onboarding(host, "timeout", f"Onboarding did not finish within {limit} s; retry onboarding.")
+            reaped += 1
+        except transitions.statemachine.IllegalTransition:
+            continue
+    return reaped
+
+
+# --- offers ------------------------------------------------------------------------------------------
+
+
+def interconnect_kinds(value: str) -> set[str]:
+    """'infiniband' -> {ib_ndr, ib_hdr}; a single kind -> itself."""
+    return set(INTERCONNECT_FAMILIES.get(value, {value}))
+
+
+def offers(hosts: QuerySet[Host]) -> list[dict]:
+    """Free capacity aggregated by GPU model x region x fabric kind, cheapest first."""
+    rows = (
+        hosts.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
+        .values("gpu_model", "site__region", "fabric__kind")
+        .annotate(
+            free_gpus=Sum("free_gpus"), total_gpus=Sum("gpu_count"), hosts=Count("id"),
+            hosts_with_free=Count("id", filter=Q(free_gpus__gt=0)),
+            max_free_per_host=Max("free_gpus"),
+            min_price=Min("price_per_gpu_hour"), max_price=Max("price_per_gpu_hour"),
+        )
+        .order_by("min_price", "gpu_model", "site__region")
+    )
+    return [
+        {
+            "gpu_model": r["gpu_model"], "region": r["site__region"], "fabric_kind": r["fabric__kind"],
+            "free_gpus": r["free_gpus"] or 0, "total_gpus": r["total_gpus"] or 0, "hosts": r["hosts"],
+            "hosts_with_free_gpus": r["hosts_with_free"], "max_free_gpus_per_host": r["max_free_per_host"] or 0,
+            "min_price_per_gpu_hour": r["min_price"], "max_price_per_gpu_hour": r["max_price"],
+        }
+        for r in rows
+    ]
+
+
+# --- health ------------------------------------------------------------------------------------------
+
+_RELIABILITY_WEIGHT = 0.1  # exponential moving average over sweeps
+
+
+def check_host_health(host: Host) -> str:
+    """One health check: reachability and GPU health. Returns what happened ("ok", "offline", "cordoned")."""
+    try:
+        with driver_for(host) as driver:
+            discovery = discover(driver, settings.VOLT_DRIVER_TIMEOUT_S, settings.VOLT_GPU_MAX_TEMP_C)
+    except DiscoveryFailed as failure:
+        return _record_unhealthy(host, failure)
+    except ValueError as exc:
+        return _record_unhealthy(host, DiscoveryFailed("driver_error", str(exc)))
+    with transaction.atomic():
+        for gpu in discovery.gpus:
+            GPU.objects.filter(host=host, index=gpu.index).update(
+                temperature_c=gpu.temperature_c, utilization_pct=gpu.utilization_pct,
+                ecc_uncorrectable=gpu.ecc_uncorrectable, health=GpuHealth.HEALTHY,
+            )
+        reliability = min(1.0, host.reliability * (1 - _RELIABILITY_WEIGHT) + _RELIABILITY_WEIGHT)
+        Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now(), reliability=reliability)
+        if host.state == HostState.OFFLINE:
+            transitions.transition_host(host, HostState.AVAILABLE, reason="reachable and healthy again")
+    return "ok"
+
+
+def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
+    with transaction.atomic():
+        Host.objects.filter(pk=host.pk).update(reliability=host.reliability * (1 - _RELIABILITY_WEIGHT))
+        HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=failure.message)
+        unreachable = failure.code in {"unreachable", "timeout", "auth_refused", "host_key_mismatch"}
+        target = HostState.OFFLINE if unreachable else HostState.CORDONED
+        if host.state in (HostState.AVAILABLE, HostState.DRAINING) or (
+            host.state == HostState.OFFLINE and target == HostState.CORDONED
+        ):
+            transitions.transition_host(host, target, reason=failure.message,
+                                        extra={"error_code": failure.code, "error_message": failure.message})
+            return target
+    return "unchanged"
+
+
+def health_sweep() -> dict:
+    """Check every host that is (or could come back) in service; returns a count per outcome."""
+    hosts = list(Host.objects.filter(state__in=[HostState.AVAILABLE, HostState.DRAINING, HostState.OFFLINE]))
+    outcomes: dict[str, int] = {}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for outcome in pool.map(_safe_check, hosts):
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
+
+
+def _safe_check(host: Host) -> str:
+    try:
+        return check_host_health(host)
+    except Exception:  # noqa: BLE001 - one bad host must not stop the sweep
+        logger.exception("health check of host %s failed", host.pk)
+        return "error"
+    finally:
+        connection.close()
+
+
+def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink: bool | None = None) -> dict:
+    """A local host's declared hardware, with NICs that match its fabric (one NIC per GPU, up to 8)."""
+    nics = []
+    link = {"ib_ndr": ("InfiniBand", 400), "ib_hdr": ("InfiniBand", 200), "roce": ("Ethernet", 200)}.get(fabric_kind)
+    if link:
+        nics = [{"name": f"mlx5_{i}", "link_layer": link[0], "rate_gbps": link[1]} for i in range(min(gpu_count, 8))]
+    spec = {"gpu_model": gpu_model, "gpu_count": gpu_count, "nics": nics}
+    if nvlink is not None:
+        spec["nvlink"] = nvlink
+    return spec

@@ -1,0 +1,79 @@
+"""Allowed host and provider transitions (one table each) and the functions that apply them."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from inventory.choices import HostEventKind, HostState, ProviderStatus
+from inventory.models import Host, HostEvent, Provider
+from voltweb import realtime, statemachine
+
+S = HostState
+HOST_TRANSITIONS: dict[str, dict[str, str]] = {
+    S.ONBOARDING: {
+        S.AVAILABLE: "discovery and health check passed",
+        S.FAILED: "discovery or health check failed; the error says why",
+        S.RETIRED: "provider gave up on the host while it was onboarding",
+    },
+    S.FAILED: {
+        S.ONBOARDING: "provider fixed the problem and retried",
+        S.RETIRED: "provider removed the host",
+    },
+    S.AVAILABLE: {
+        S.DRAINING: "no new clusters; running ones finish",
+        S.CORDONED: "taken out of scheduling at once (admin or failed health check)",
+        S.OFFLINE: "heartbeats stopped",
+        S.ONBOARDING: "re-discover hardware",
+        S.RETIRED: "removed from the inventory",
+    },
+    S.DRAINING: {
+        S.AVAILABLE: "drain cancelled",
+        S.CORDONED: "escalated to cordon",
+        S.OFFLINE: "heartbeats stopped",
+        S.RETIRED: "drained host retired",
+    },
+    S.CORDONED: {
+        S.AVAILABLE: "uncordoned after a passing health check",
+        S.ONBOARDING: "re-discover hardware",
+        S.OFFLINE: "heartbeats stopped",
+        S.RETIRED: "removed from the inventory",
+    },
+    S.OFFLINE: {
+        S.ONBOARDING: "re-discover once reachable",
+        S.AVAILABLE: "heartbeats resumed and health check passed",
+        S.RETIRED: "removed from the inventory",
+    },
+    S.RETIRED: {},
+}
+
+P = ProviderStatus
+PROVIDER_TRANSITIONS: dict[str, dict[str, str]] = {
+    P.PENDING: {P.APPROVED: "platform admin approved", P.SUSPENDED: "platform admin refused"},
+    P.APPROVED: {P.SUSPENDED: "platform admin suspended the provider"},
+    P.SUSPENDED: {P.APPROVED: "platform admin reinstated the provider"},
+}
+
+
+def transition_host(
+    host: Host, to: str, reason: str = "", actor: AbstractBaseUser | None = None, extra: dict | None = None
+) -> Host:
+    """Move a host to `to`, recording the event and broadcasting to its page after commit."""
+
+    def record(previous: str, target: str) -> None:
+        HostEvent.objects.create(
+            host=host, kind=HostEventKind.STATE, from_state=previous, to_state=target,
+            message=reason or HOST_TRANSITIONS[previous][target], actor=_real(actor),
+        )
+
+    def announce() -> None:
+        realtime.broadcast(f"host-{host.pk}", {"kind": "state", "state": host.state, "reason": reason})
+
+    return statemachine.apply(host, to, HOST_TRANSITIONS, extra=extra, record=record, after_commit=announce)
+
+
+def transition_provider(provider: Provider, to: str, extra: dict | None = None) -> Provider:
+    return statemachine.apply(provider, to, PROVIDER_TRANSITIONS, field="status", extra=extra)
+
+
+def _real(actor: AbstractBaseUser | None) -> AbstractBaseUser | None:
+    return actor if actor is not None and actor.is_authenticated else None

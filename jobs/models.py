@@ -1,0 +1,1 @@
+"""Training jobs on clusters, their checkpoints and recoveries."""

@@ -1,0 +1,28 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from voltweb import views
+
+api_v1 = [
+    path("", include("voltweb.api.urls")),
+    path("", include("inventory.api.urls")),
+]
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="inventory:offers", permanent=False), name="home"),
+    path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("account/tokens/", views.tokens, name="tokens"),
+    path("account/tokens/<int:pk>/revoke/", views.revoke_token, name="token-revoke"),
+    path("teams/", views.teams, name="teams"),
+    path("inventory/", include("inventory.urls")),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]

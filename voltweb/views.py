@@ -1,0 +1,44 @@
+"""Console pages for accounts: API tokens and teams; and a health endpoint for load balancers."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import connection
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from voltweb import services
+from voltweb.forms import TokenForm
+from voltweb.models import ApiToken
+
+
+@login_required
+def tokens(request):
+    form = TokenForm(request.POST or None)
+    issued = None
+    if request.method == "POST" and form.is_valid():
+        issued = services.create_api_token(request.user, form.cleaned_data["name"])
+        form = TokenForm()
+    context = {"form": form, "issued": issued, "tokens": ApiToken.objects.filter(user=request.user)}
+    return render(request, "voltweb/tokens.html", context)
+
+
+@login_required
+@require_POST
+def revoke_token(request, pk):
+    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+    services.revoke_api_token(token)
+    messages.success(request, f"Token “{token.name}” revoked. Pipelines using it now get 401.")
+    return redirect("tokens")
+
+
+@login_required
+def teams(request):
+    teams = services.teams_of(request.user).prefetch_related("memberships__user")
+    return render(request, "voltweb/teams.html", {"teams": teams})
+
+
+def healthz(request):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})
