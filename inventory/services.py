@@ -15,7 +15,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.text import slugify
@@ -384,7 +384,7 @@ def offers(hosts: QuerySet[Host]) -> list[dict]:
         hosts.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
         .values("gpu_model", "site__region", "fabric__kind")
         .annotate(
-            free_gpus=Sum("free_gpus"), total_gpus=Sum("gpu_count"), hosts=Count("id"),
+            free_sum=Sum("free_gpus"), total_sum=Sum("gpu_count"), host_count=Count("id"),
             hosts_with_free=Count("id", filter=Q(free_gpus__gt=0)),
             max_free_per_host=Max("free_gpus"),
             min_price=Min("price_per_gpu_hour"), max_price=Max("price_per_gpu_hour"),
@@ -394,7 +394,7 @@ def offers(hosts: QuerySet[Host]) -> list[dict]:
     return [
         {
             "gpu_model": r["gpu_model"], "region": r["site__region"], "fabric_kind": r["fabric__kind"],
-            "free_gpus": r["free_gpus"] or 0, "total_gpus": r["total_gpus"] or 0, "hosts": r["hosts"],
+            "free_gpus": r["free_sum"] or 0, "total_gpus": r["total_sum"] or 0, "hosts": r["host_count"],
             "hosts_with_free_gpus": r["hosts_with_free"], "max_free_gpus_per_host": r["max_free_per_host"] or 0,
             "min_price_per_gpu_hour": r["min_price"], "max_price_per_gpu_hour": r["max_price"],
         }
@@ -407,17 +407,23 @@ def offers(hosts: QuerySet[Host]) -> list[dict]:
 _RELIABILITY_WEIGHT = 0.1  # exponential moving average over sweeps
 
 
-def check_host_health(host: Host) -> str:
-    """One health check: reachability and GPU health. Returns what happened ("ok", "offline", "cordoned")."""
+def probe_host(host: Host) -> Discovery | DiscoveryFailed:
+    """Run discovery on a host without touching the database (safe in a thread pool)."""
     try:
         with driver_for(host) as driver:
-            discovery = discover(driver, settings.VOLT_DRIVER_TIMEOUT_S, settings.VOLT_GPU_MAX_TEMP_C)
+            return discover(driver, settings.VOLT_DRIVER_TIMEOUT_S, settings.VOLT_GPU_MAX_TEMP_C)
     except DiscoveryFailed as failure:
-        return _record_unhealthy(host, failure)
+        return failure
     except ValueError as exc:
-        return _record_unhealthy(host, DiscoveryFailed("driver_error", str(exc)))
+        return DiscoveryFailed("driver_error", str(exc))
+
+
+def record_health(host: Host, result: Discovery | DiscoveryFailed) -> str:
+    """Store one health check's outcome. Returns "ok", "offline", "cordoned" or "unchanged"."""
+    if isinstance(result, DiscoveryFailed):
+        return _record_unhealthy(host, result)
     with transaction.atomic():
-        for gpu in discovery.gpus:
+        for gpu in result.gpus:
             GPU.objects.filter(host=host, index=gpu.index).update(
                 temperature_c=gpu.temperature_c, utilization_pct=gpu.utilization_pct,
                 ecc_uncorrectable=gpu.ecc_uncorrectable, health=GpuHealth.HEALTHY,
@@ -445,29 +451,30 @@ def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
 
 
 def health_sweep() -> dict:
-    """Check every host that is (or could come back) in service; returns a count per outcome."""
-    hosts = list(Host.objects.filter(state__in=[HostState.AVAILABLE, HostState.DRAINING, HostState.OFFLINE]))
+    """Check every host that is (or could come back) in service; returns a count per outcome.
+
+    Hosts are probed in parallel; results are written from this thread, one host at a time.
+    """
+    live = [HostState.AVAILABLE, HostState.DRAINING, HostState.OFFLINE]
+    hosts = list(Host.objects.filter(state__in=live).select_related("provider"))  # threads must not query
     outcomes: dict[str, int] = {}
     with ThreadPoolExecutor(max_workers=8) as pool:
-        for outcome in pool.map(_safe_check, hosts):
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        results = list(pool.map(probe_host, hosts))
+    for host, result in zip(hosts, results, strict=True):
+        try:
+            outcome = record_health(host, result)
+        except Exception:  # noqa: BLE001 - one bad host must not stop the sweep
+            logger.exception("recording the health of host %s failed", host.pk)
+            outcome = "error"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
     return outcomes
-
-
-def _safe_check(host: Host) -> str:
-    try:
-        return check_host_health(host)
-    except Exception:  # noqa: BLE001 - one bad host must not stop the sweep
-        logger.exception("health check of host %s failed", host.pk)
-        return "error"
-    finally:
-        connection.close()
 
 
 def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink: bool | None = None) -> dict:
     """A local host's declared hardware, with NICs that match its fabric (one NIC per GPU, up to 8)."""
+    links = {"ib_ndr": ("InfiniBand", 400), "ib_hdr": ("InfiniBand", 200), "roce": ("Ethernet", 200)}
+    link = links.get(fabric_kind)
     nics = []
-    link = {"ib_ndr": ("InfiniBand", 400), "ib_hdr": ("InfiniBand", 200), "roce": ("Ethernet", 200)}.get(fabric_kind)
     if link:
         nics = [{"name": f"mlx5_{i}", "link_layer": link[0], "rate_gbps": link[1]} for i in range(min(gpu_count, 8))]
     spec = {"gpu_model": gpu_model, "gpu_count": gpu_count, "nics": nics}

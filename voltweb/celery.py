@@ -3,13 +3,17 @@
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "voltweb.settings")
 
 app = Celery("volt")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.task_queues = [Queue(name) for name in ("placement", "provisioning", "monitoring", "jobs")]
+app.conf.task_queues = [
+    Queue(name, Exchange(name, type="direct"), routing_key=name)
+    for name in ("placement", "provisioning", "monitoring", "jobs")
+]
+app.conf.task_routes = {}
 app.autodiscover_tasks()
 
 

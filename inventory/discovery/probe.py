@@ -16,6 +16,7 @@ from inventory.drivers.base import DriverError, HostDriver
 
 QUERY_COMMAND = f"nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv"
 _MISSING = 127  # shell status for "command not found"
+_NO_DEVICES = 6  # nvidia-smi: "No devices were found"
 
 
 class DiscoveryFailed(Exception):
@@ -101,6 +102,8 @@ def _query_gpus(driver: HostDriver, timeout: float):
             f"nvidia-smi printed output Volt cannot read ({exc}); check the driver install "
             f"by running `{QUERY_COMMAND}` on the host.",
         ) from exc
+    if not query.gpus and not query.lost and result.exit_status in (0, _NO_DEVICES):
+        return query  # "No devices were found": the caller reports no_gpus
     if result.exit_status != 0 and not query.lost:
         detail = (result.stderr or result.stdout).strip()[:300]
         raise DiscoveryFailed("parse_failed", f"nvidia-smi failed with status {result.exit_status}: {detail}")

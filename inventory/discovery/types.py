@@ -40,6 +40,18 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class GpuQuery:
+    """`nvidia-smi --query-gpu`: the GPUs that answered, and the messages of those that did not.
+
+    `lost` holds lines such as "Unable to determine the device handle for GPU0000:1B:00.0: Unknown
+    Error" (a GPU fallen off the bus): the host has more GPUs than `gpus` lists.
+    """
+
+    gpus: tuple[GpuInfo, ...] = ()
+    lost: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TopoMatrix:
     """`nvidia-smi topo -m`: the connection between each pair of devices."""
 
@@ -49,6 +61,7 @@ class TopoMatrix:
     links: dict[tuple[str, str], str] = field(default_factory=dict)  # (GPU0, GPU1) -> "NV18" / "SYS" / ...
     cpu_affinity: dict[str, str] = field(default_factory=dict)
     numa_affinity: dict[str, str] = field(default_factory=dict)
+    gpu_numa_id: dict[str, str] = field(default_factory=dict)  # newer drivers; "N/A" for discrete GPUs
 
     def nvlink_domains(self) -> list[list[int]]:
         """GPU indices grouped by NVLink connectivity (connected components over NV# links).
