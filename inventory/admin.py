@@ -32,7 +32,16 @@ class BlockAdmin(admin.ModelAdmin):
 
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
-    list_display = ("name", "provider", "site", "state", "gpu_model", "gpu_count", "free_gpus", "price_per_gpu_hour")
+    list_display = (
+        "name",
+        "provider",
+        "site",
+        "state",
+        "gpu_model",
+        "gpu_count",
+        "free_gpus",
+        "price_per_gpu_hour",
+    )
     list_filter = ("state", "driver", "gpu_model")
     search_fields = ("name", "address")
     readonly_fields = ("ssh_private_key_encrypted", "discovery")

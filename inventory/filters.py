@@ -6,7 +6,9 @@ from django.db.models import Q
 from inventory.choices import INTERCONNECT_FAMILIES, FabricKind, GpuHealth, HostState
 from inventory.models import GPU, Host
 
-INTERCONNECT_CHOICES = [(family, family.title() if family != "roce" else "RoCE") for family in INTERCONNECT_FAMILIES]
+INTERCONNECT_CHOICES = [
+    (family, family.title() if family != "roce" else "RoCE") for family in INTERCONNECT_FAMILIES
+]
 INTERCONNECT_CHOICES += list(FabricKind.choices)
 
 
@@ -20,7 +22,8 @@ class HostFilter(django_filters.FilterSet):
     region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact")
     site = django_filters.CharFilter(field_name="site__name", lookup_expr="iexact")
     interconnect = django_filters.ChoiceFilter(
-        choices=INTERCONNECT_CHOICES, method="filter_interconnect",
+        choices=INTERCONNECT_CHOICES,
+        method="filter_interconnect",
         help_text="A family (infiniband, roce, ethernet) or a fabric kind (ib_ndr, eth_100g, ...).",
     )
     min_free_gpus = django_filters.NumberFilter(field_name="free_gpus", lookup_expr="gte", min_value=0)
@@ -33,13 +36,24 @@ class HostFilter(django_filters.FilterSet):
 
     class Meta:
         model = Host
-        fields = ["model", "region", "site", "interconnect", "min_free_gpus", "max_price", "state", "provider"]
+        fields = [
+            "model",
+            "region",
+            "site",
+            "interconnect",
+            "min_free_gpus",
+            "max_price",
+            "state",
+            "provider",
+        ]
 
     def filter_interconnect(self, queryset, name, value):
         return _filter_interconnect(queryset, "", value)
 
     def filter_search(self, queryset, name, value):
-        return queryset.filter(Q(name__icontains=value) | Q(gpu_model__icontains=value) | Q(site__name__icontains=value))
+        return queryset.filter(
+            Q(name__icontains=value) | Q(gpu_model__icontains=value) | Q(site__name__icontains=value)
+        )
 
 
 class OfferFilter(django_filters.FilterSet):

@@ -24,7 +24,10 @@ class FabricForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="e.g. fra2-ib")
     kind = forms.ChoiceField(choices=FabricKind.choices)
     per_host_gbytes_per_s = forms.FloatField(
-        required=False, min_value=0.01, label="Per-host bandwidth (GB/s)", help_text="Empty: the kind's default."
+        required=False,
+        min_value=0.01,
+        label="Per-host bandwidth (GB/s)",
+        help_text="Empty: the kind's default.",
     )
     oversubscription = forms.FloatField(initial=1.0, min_value=1.0)
     blocks = forms.CharField(help_text="Racks / leaf switches, comma-separated, e.g. r01, r02.")
@@ -43,23 +46,39 @@ class HostForm(forms.Form):
     name = forms.SlugField(max_length=100, help_text="Letters, digits, hyphens: e.g. iad1-h100-07.")
     block = forms.ModelChoiceField(queryset=Block.objects.none(), help_text="Where the host sits.")
     driver = forms.ChoiceField(choices=DriverKind.choices, initial=DriverKind.LOCAL)
-    price_per_gpu_hour = forms.DecimalField(min_value=Decimal("0"), max_digits=8, decimal_places=2,
-                                            label="Price per GPU-hour ($)")
-    gpu_model = forms.ChoiceField(choices=[(m, m) for m in BY_MODEL], required=False, label="GPU model (local)")
+    price_per_gpu_hour = forms.DecimalField(
+        min_value=Decimal("0"), max_digits=8, decimal_places=2, label="Price per GPU-hour ($)"
+    )
+    gpu_model = forms.ChoiceField(
+        choices=[(m, m) for m in BY_MODEL], required=False, label="GPU model (local)"
+    )
     gpu_count = forms.IntegerField(min_value=1, max_value=16, initial=8, required=False, label="GPUs (local)")
-    fault = forms.ChoiceField(choices=FAULT_CHOICES, required=False, label="Inject fault (local)",
-                              help_text="Simulate a broken host to see how onboarding reports it.")
+    fault = forms.ChoiceField(
+        choices=FAULT_CHOICES,
+        required=False,
+        label="Inject fault (local)",
+        help_text="Simulate a broken host to see how onboarding reports it.",
+    )
     address = forms.CharField(max_length=255, required=False, help_text="SSH: IP or DNS name.")
     ssh_port = forms.IntegerField(min_value=1, max_value=65535, initial=22, required=False)
     ssh_user = forms.CharField(max_length=64, required=False, initial="root")
-    ssh_private_key = forms.CharField(widget=forms.Textarea(attrs={"rows": 4}), required=False,
-                                      help_text="OpenSSH private key Volt logs in with; stored encrypted.")
-    ssh_host_key = forms.CharField(required=False, help_text="Optional `ssh-keyscan` line; empty: pinned on first contact.")
+    ssh_private_key = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4}),
+        required=False,
+        help_text="OpenSSH private key Volt logs in with; stored encrypted.",
+    )
+    ssh_host_key = forms.CharField(
+        required=False, help_text="Optional `ssh-keyscan` line; empty: pinned on first contact."
+    )
 
     def __init__(self, *args, provider: Provider, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["block"].queryset = Block.objects.filter(fabric__provider=provider).select_related("fabric__site")
-        self.fields["block"].label_from_instance = lambda b: f"{b.fabric.site.name} / {b.fabric.name} / {b.name}"
+        self.fields["block"].queryset = Block.objects.filter(fabric__provider=provider).select_related(
+            "fabric__site"
+        )
+        self.fields["block"].label_from_instance = lambda b: (
+            f"{b.fabric.site.name} / {b.fabric.name} / {b.name}"
+        )
 
     def clean(self):
         data = super().clean()

@@ -52,6 +52,9 @@ class ProviderMembership(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["provider", "user"], name="provider_member_unique")]
 
+    def __str__(self) -> str:
+        return f"{self.user} admin of {self.provider}"
+
 
 class Site(models.Model):
     """A data center in a region. Sites are shared: several providers may rent space in one."""
@@ -105,7 +108,9 @@ class Block(models.Model):
 
     class Meta:
         ordering = ["fabric__name", "name"]
-        constraints = [models.UniqueConstraint(fields=["fabric", "name"], name="block_unique_name_per_fabric")]
+        constraints = [
+            models.UniqueConstraint(fields=["fabric", "name"], name="block_unique_name_per_fabric")
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -133,7 +138,8 @@ class Host(models.Model):
         max_digits=8, decimal_places=2, validators=[MinValueValidator(Decimal("0.00"))]
     )
     reliability = models.FloatField(
-        default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        default=1.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
         help_text="Share of recent health checks passed (0..1).",
     )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -153,10 +159,13 @@ class Host(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["provider", "name"], name="host_unique_name_per_provider"),
             models.UniqueConstraint(
-                fields=["driver", "address", "ssh_port"], name="host_unique_address",
+                fields=["driver", "address", "ssh_port"],
+                name="host_unique_address",
                 condition=~models.Q(state=HostState.RETIRED),
             ),
-            models.CheckConstraint(condition=models.Q(free_gpus__lte=models.F("gpu_count")), name="host_free_le_total"),
+            models.CheckConstraint(
+                condition=models.Q(free_gpus__lte=models.F("gpu_count")), name="host_free_le_total"
+            ),
         ]
         indexes = [
             models.Index(fields=["state", "gpu_model", "free_gpus"], name="host_offer_idx"),

@@ -121,13 +121,25 @@ def get_or_create_site(name: str, region: str, backbone_gbytes_per_s: float = 12
     return site
 
 
-def create_fabric(provider: Provider, site: Site, name: str, kind: str, per_host_gbytes_per_s: float | None = None,
-                  oversubscription: float = 1.0, blocks: list[str] | None = None) -> Fabric:
+def create_fabric(
+    provider: Provider,
+    site: Site,
+    name: str,
+    kind: str,
+    per_host_gbytes_per_s: float | None = None,
+    oversubscription: float = 1.0,
+    blocks: list[str] | None = None,
+) -> Fabric:
     with transaction.atomic():
         fabric, _ = Fabric.objects.get_or_create(
-            site=site, name=name,
-            defaults={"provider": provider, "kind": kind, "per_host_gbytes_per_s": per_host_gbytes_per_s or 0,
-                      "oversubscription": oversubscription},
+            site=site,
+            name=name,
+            defaults={
+                "provider": provider,
+                "kind": kind,
+                "per_host_gbytes_per_s": per_host_gbytes_per_s or 0,
+                "oversubscription": oversubscription,
+            },
         )
         if fabric.provider_id != provider.pk:
             raise ValidationError({"name": f"Fabric {name!r} in {site.name} belongs to another provider."})
@@ -168,9 +180,13 @@ def driver_for(host: Host) -> HostDriver:
     from inventory.drivers.ssh import SshDriver
 
     return SshDriver(
-        host=host.address, port=host.ssh_port, username=host.ssh_user or "root",
+        host=host.address,
+        port=host.ssh_port,
+        username=host.ssh_user or "root",
         private_key=crypto.decrypt(host.ssh_private_key_encrypted) or None,
-        known_host_key=host.ssh_host_key or None, connect_timeout=timeout, command_timeout=timeout,
+        known_host_key=host.ssh_host_key or None,
+        connect_timeout=timeout,
+        command_timeout=timeout,
     )
 
 
@@ -185,23 +201,36 @@ def add_host(
     try:
         with transaction.atomic():
             host = Host.objects.create(
-                provider=provider, name=request.name, site=request.block.fabric.site, fabric=request.block.fabric,
-                block=request.block, driver=request.driver, address=_address_for(request),
-                ssh_port=request.ssh_port, ssh_user=request.ssh_user,
+                provider=provider,
+                name=request.name,
+                site=request.block.fabric.site,
+                fabric=request.block.fabric,
+                block=request.block,
+                driver=request.driver,
+                address=_address_for(request),
+                ssh_port=request.ssh_port,
+                ssh_user=request.ssh_user,
                 ssh_private_key_encrypted=crypto.encrypt(request.ssh_private_key),
-                ssh_host_key=request.ssh_host_key.strip(), local_spec=_local_spec(request),
-                price_per_gpu_hour=request.price_per_gpu_hour, onboarding_started_at=timezone.now(),
+                ssh_host_key=request.ssh_host_key.strip(),
+                local_spec=_local_spec(request),
+                price_per_gpu_hour=request.price_per_gpu_hour,
+                onboarding_started_at=timezone.now(),
             )
             HostEvent.objects.create(
-                host=host, kind=HostEventKind.STATE, to_state=HostState.ONBOARDING,
-                message="host added; discovery queued", actor=actor if actor and actor.is_authenticated else None,
+                host=host,
+                kind=HostEventKind.STATE,
+                to_state=HostState.ONBOARDING,
+                message="host added; discovery queued",
+                actor=actor if actor and actor.is_authenticated else None,
             )
             if host.driver == DriverKind.LOCAL:
                 create_sandbox(sandbox_path(host), host.local_spec, request.local_faults)
             if queue:
                 _queue_onboarding(host)
     except IntegrityError as exc:
-        raise ValidationError({"name": f"A host with this name or address already exists ({exc.__class__.__name__})."}) from None
+        raise ValidationError(
+            {"name": f"A host with this name or address already exists ({exc.__class__.__name__})."}
+        ) from None
     return host
 
 
@@ -217,7 +246,9 @@ def _validate_host_request(provider: Provider, request: HostRequest) -> None:
         if not request.ssh_private_key and not request.ssh_user:
             errors["ssh_user"] = "Give the SSH user Volt logs in as."
         if request.ssh_private_key and "PRIVATE KEY" not in request.ssh_private_key:
-            errors["ssh_private_key"] = "Paste an OpenSSH private key (-----BEGIN OPENSSH PRIVATE KEY----- ...)."
+            errors["ssh_private_key"] = (
+                "Paste an OpenSSH private key (-----BEGIN OPENSSH PRIVATE KEY----- ...)."
+            )
     elif request.driver == DriverKind.LOCAL:
         spec = request.local_spec or {}
         if spec.get("gpu_model") not in BY_MODEL:
@@ -248,7 +279,9 @@ def _address_for(request: HostRequest) -> str:
 def next_local_address() -> str:
     """The first free 127.0.x.y (y >= 2): each local host gets its own loopback address (DESIGN.md)."""
     used = set(
-        Host.objects.filter(driver=DriverKind.LOCAL).exclude(state=HostState.RETIRED).values_list("address", flat=True)
+        Host.objects.filter(driver=DriverKind.LOCAL)
+        .exclude(state=HostState.RETIRED)
+        .values_list("address", flat=True)
     )
     for candidate in ipaddress.ip_network("127.0.0.0/16").hosts():
         text = str(candidate)
@@ -287,7 +320,9 @@ def _fail_onboarding(host: Host, code: str, message: str) -> Host:
     with transaction.atomic():
         _event(host, HostEventKind.ERROR, message)
         return transitions.transition_host(
-            host, HostState.FAILED, reason=message,
+            host,
+            HostState.FAILED,
+            reason=message,
             extra={"error_code": code, "error_message": message, "free_gpus": 0},
         )
 
@@ -297,12 +332,19 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     seen_indices = []
     for gpu in discovery.gpus:
         GPU.objects.update_or_create(
-            host=host, index=gpu.index,
+            host=host,
+            index=gpu.index,
             defaults={
-                "uuid": gpu.uuid, "model": gpu.model, "name": gpu.name, "memory_mib": gpu.memory_total_mib,
-                "nvlink_domain": discovery.domain_of(gpu.index), "pci_bus_id": gpu.pci_bus_id or "",
-                "health": GpuHealth.HEALTHY, "temperature_c": gpu.temperature_c,
-                "utilization_pct": gpu.utilization_pct, "ecc_uncorrectable": gpu.ecc_uncorrectable,
+                "uuid": gpu.uuid,
+                "model": gpu.model,
+                "name": gpu.name,
+                "memory_mib": gpu.memory_total_mib,
+                "nvlink_domain": discovery.domain_of(gpu.index),
+                "pci_bus_id": gpu.pci_bus_id or "",
+                "health": GpuHealth.HEALTHY,
+                "temperature_c": gpu.temperature_c,
+                "utilization_pct": gpu.utilization_pct,
+                "ecc_uncorrectable": gpu.ecc_uncorrectable,
             },
         )
         seen_indices.append(gpu.index)
@@ -314,9 +356,14 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     )
     _event(host, HostEventKind.DISCOVERY, summary)
     extra = {
-        "gpu_model": discovery.gpu_model, "gpu_count": count, "free_gpus": count,
-        "nvlink_domain_size": max(len(d) for d in discovery.nvlink_domains), "discovery": discovery.as_json(),
-        "error_code": "", "error_message": "", "last_heartbeat_at": timezone.now(),
+        "gpu_model": discovery.gpu_model,
+        "gpu_count": count,
+        "free_gpus": count,
+        "nvlink_domain_size": max(len(d) for d in discovery.nvlink_domains),
+        "discovery": discovery.as_json(),
+        "error_code": "",
+        "error_message": "",
+        "last_heartbeat_at": timezone.now(),
     }
     if seen_key and not host.ssh_host_key:
         extra["ssh_host_key"] = seen_key  # trust on first use, pinned from now on
@@ -346,7 +393,9 @@ def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, 
     if target == HostState.ONBOARDING:
         extra = {"onboarding_started_at": timezone.now(), "error_code": "", "error_message": ""}
     with transaction.atomic():
-        host = transitions.transition_host(host, target, reason=reason or f"{action} requested", actor=actor, extra=extra)
+        host = transitions.transition_host(
+            host, target, reason=reason or f"{action} requested", actor=actor, extra=extra
+        )
         if target == HostState.ONBOARDING:
             _queue_onboarding(host)
     return host
@@ -363,7 +412,9 @@ def reap_stuck_onboarding(older_than_s: int | None = None) -> int:
     reaped = 0
     for host in Host.objects.filter(state=HostState.ONBOARDING, onboarding_started_at__lt=deadline):
         try:
-            _fail_onboarding(host, "timeout", f"Onboarding did not finish within {limit} s; retry onboarding.")
+            _fail_onboarding(
+                host, "timeout", f"Onboarding did not finish within {limit} s; retry onboarding."
+            )
             reaped += 1
         except transitions.statemachine.IllegalTransition:
             continue
@@ -384,19 +435,28 @@ def offers(hosts: QuerySet[Host]) -> list[dict]:
         hosts.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
         .values("gpu_model", "site__region", "fabric__kind")
         .annotate(
-            free_sum=Sum("free_gpus"), total_sum=Sum("gpu_count"), host_count=Count("id"),
+            free_sum=Sum("free_gpus"),
+            total_sum=Sum("gpu_count"),
+            host_count=Count("id"),
             hosts_with_free=Count("id", filter=Q(free_gpus__gt=0)),
             max_free_per_host=Max("free_gpus"),
-            min_price=Min("price_per_gpu_hour"), max_price=Max("price_per_gpu_hour"),
+            min_price=Min("price_per_gpu_hour"),
+            max_price=Max("price_per_gpu_hour"),
         )
         .order_by("min_price", "gpu_model", "site__region")
     )
     return [
         {
-            "gpu_model": r["gpu_model"], "region": r["site__region"], "fabric_kind": r["fabric__kind"],
-            "free_gpus": r["free_sum"] or 0, "total_gpus": r["total_sum"] or 0, "hosts": r["host_count"],
-            "hosts_with_free_gpus": r["hosts_with_free"], "max_free_gpus_per_host": r["max_free_per_host"] or 0,
-            "min_price_per_gpu_hour": r["min_price"], "max_price_per_gpu_hour": r["max_price"],
+            "gpu_model": r["gpu_model"],
+            "region": r["site__region"],
+            "fabric_kind": r["fabric__kind"],
+            "free_gpus": r["free_sum"] or 0,
+            "total_gpus": r["total_sum"] or 0,
+            "hosts": r["host_count"],
+            "hosts_with_free_gpus": r["hosts_with_free"],
+            "max_free_gpus_per_host": r["max_free_per_host"] or 0,
+            "min_price_per_gpu_hour": r["min_price"],
+            "max_price_per_gpu_hour": r["max_price"],
         }
         for r in rows
     ]
@@ -425,8 +485,10 @@ def record_health(host: Host, result: Discovery | DiscoveryFailed) -> str:
     with transaction.atomic():
         for gpu in result.gpus:
             GPU.objects.filter(host=host, index=gpu.index).update(
-                temperature_c=gpu.temperature_c, utilization_pct=gpu.utilization_pct,
-                ecc_uncorrectable=gpu.ecc_uncorrectable, health=GpuHealth.HEALTHY,
+                temperature_c=gpu.temperature_c,
+                utilization_pct=gpu.utilization_pct,
+                ecc_uncorrectable=gpu.ecc_uncorrectable,
+                health=GpuHealth.HEALTHY,
             )
         reliability = min(1.0, host.reliability * (1 - _RELIABILITY_WEIGHT) + _RELIABILITY_WEIGHT)
         Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now(), reliability=reliability)
@@ -444,8 +506,12 @@ def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
         if host.state in (HostState.AVAILABLE, HostState.DRAINING) or (
             host.state == HostState.OFFLINE and target == HostState.CORDONED
         ):
-            transitions.transition_host(host, target, reason=failure.message,
-                                        extra={"error_code": failure.code, "error_message": failure.message})
+            transitions.transition_host(
+                host,
+                target,
+                reason=failure.message,
+                extra={"error_code": failure.code, "error_message": failure.message},
+            )
             return target
     return "unchanged"
 
@@ -476,7 +542,10 @@ def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink:
     link = links.get(fabric_kind)
     nics = []
     if link:
-        nics = [{"name": f"mlx5_{i}", "link_layer": link[0], "rate_gbps": link[1]} for i in range(min(gpu_count, 8))]
+        nics = [
+            {"name": f"mlx5_{i}", "link_layer": link[0], "rate_gbps": link[1]}
+            for i in range(min(gpu_count, 8))
+        ]
     spec = {"gpu_model": gpu_model, "gpu_count": gpu_count, "nics": nics}
     if nvlink is not None:
         spec["nvlink"] = nvlink

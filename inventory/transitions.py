@@ -61,8 +61,12 @@ def transition_host(
 
     def record(previous: str, target: str) -> None:
         HostEvent.objects.create(
-            host=host, kind=HostEventKind.STATE, from_state=previous, to_state=target,
-            message=reason or HOST_TRANSITIONS[previous][target], actor=_real(actor),
+            host=host,
+            kind=HostEventKind.STATE,
+            from_state=previous,
+            to_state=target,
+            message=reason or HOST_TRANSITIONS[previous][target],
+            actor=_real(actor),
         )
 
     def announce() -> None:

@@ -21,8 +21,14 @@ from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
 
 HOST_SORTS = {
-    "price": "price_per_gpu_hour", "-price": "-price_per_gpu_hour", "free": "free_gpus", "-free": "-free_gpus",
-    "name": "name", "-name": "-name", "reliability": "reliability", "-reliability": "-reliability",
+    "price": "price_per_gpu_hour",
+    "-price": "-price_per_gpu_hour",
+    "free": "free_gpus",
+    "-free": "-free_gpus",
+    "name": "name",
+    "-name": "-name",
+    "reliability": "reliability",
+    "-reliability": "-reliability",
 }
 PAGE_SIZE = 25
 
@@ -67,8 +73,12 @@ def hosts(request):
     sort_query = query.copy()
     sort_query.pop("sort", None)
     context = {
-        "filter": filterset, "page": page, "sort": sort, "query": query.urlencode(),
-        "sort_query": sort_query.urlencode(), "managed": services.managed_provider_ids(request.user),
+        "filter": filterset,
+        "page": page,
+        "sort": sort,
+        "query": query.urlencode(),
+        "sort_query": sort_query.urlencode(),
+        "managed": services.managed_provider_ids(request.user),
     }
     return render(request, "inventory/hosts.html", context)
 
@@ -78,9 +88,14 @@ def _host_context(request, pk):
         services.visible_hosts(request.user).select_related("provider", "site", "fabric", "block"), pk=pk
     )
     manages = services.can_manage_provider(request.user, host.provider)
-    actions = [a for a, target in services.HOST_ACTIONS.items() if _allowed(host.state, target)] if manages else []
+    actions = (
+        [a for a, target in services.HOST_ACTIONS.items() if _allowed(host.state, target)] if manages else []
+    )
     return {
-        "host": host, "manages": manages, "actions": actions, "gpus": host.gpus.all(),
+        "host": host,
+        "manages": manages,
+        "actions": actions,
+        "gpus": host.gpus.all(),
         "events": services.host_history(host)[:50] if manages else [],
         "in_progress": host.state == HostState.ONBOARDING,
     }
@@ -134,8 +149,11 @@ def provider_new(request):
             for field, errors in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errors)
         else:
-            messages.success(request, f"{provider.name} registered. A platform admin will review it; "
-                                      "meanwhile you can describe your fabrics and add hosts.")
+            messages.success(
+                request,
+                f"{provider.name} registered. A platform admin will review it; "
+                "meanwhile you can describe your fabrics and add hosts.",
+            )
             return redirect("inventory:provider", slug=provider.slug)
     return render(request, "inventory/provider_form.html", {"form": form})
 
@@ -151,10 +169,19 @@ def _managed_provider(request, slug) -> Provider:
 def provider_detail(request, slug):
     provider = get_object_or_404(services.visible_providers(request.user), slug=slug)
     manages = services.can_manage_provider(request.user, provider)
-    hosts = services.visible_hosts(request.user).filter(provider=provider).select_related("site", "fabric", "block")
+    hosts = (
+        services.visible_hosts(request.user)
+        .filter(provider=provider)
+        .select_related("site", "fabric", "block")
+    )
     fabrics = provider.fabrics.select_related("site").prefetch_related("blocks")
-    context = {"provider": provider, "manages": manages, "hosts": hosts, "fabrics": fabrics,
-               "platform_admin": is_platform_admin(request.user)}
+    context = {
+        "provider": provider,
+        "manages": manages,
+        "hosts": hosts,
+        "fabrics": fabrics,
+        "platform_admin": is_platform_admin(request.user),
+    }
     return render(request, "inventory/provider_detail.html", context)
 
 
@@ -181,12 +208,21 @@ def fabric_new(request, slug):
         data = form.cleaned_data
         site = data["site"] or services.get_or_create_site(data["new_site_name"], data["new_site_region"])
         try:
-            services.create_fabric(provider, site, data["name"], data["kind"], data["per_host_gbytes_per_s"],
-                                   data["oversubscription"], data["block_names"])
+            services.create_fabric(
+                provider,
+                site,
+                data["name"],
+                data["kind"],
+                data["per_host_gbytes_per_s"],
+                data["oversubscription"],
+                data["block_names"],
+            )
         except ValidationError as exc:
             form.add_error(None, exc.messages)
         else:
-            messages.success(request, f"Fabric {data['name']} with {len(data['block_names'])} block(s) added.")
+            messages.success(
+                request, f"Fabric {data['name']} with {len(data['block_names'])} block(s) added."
+            )
             return redirect("inventory:provider", slug=provider.slug)
     return render(request, "inventory/fabric_form.html", {"form": form, "provider": provider})
 
@@ -212,14 +248,22 @@ def host_new(request, slug):
 
 def _host_request(data: dict) -> services.HostRequest:
     local = data["driver"] == DriverKind.LOCAL
-    spec = services.default_local_spec(data["gpu_model"], data["gpu_count"], data["block"].fabric.kind) if local else None
+    spec = (
+        services.default_local_spec(data["gpu_model"], data["gpu_count"], data["block"].fabric.kind)
+        if local
+        else None
+    )
     faults = {data["fault"]: "0"} if local and data.get("fault") else None
     return services.HostRequest(
-        name=data["name"], block=data["block"], driver=data["driver"], price_per_gpu_hour=data["price_per_gpu_hour"],
-        address=data.get("address") or "", ssh_port=data.get("ssh_port") or 22, ssh_user=data.get("ssh_user") or "",
-        ssh_private_key=data.get("ssh_private_key") or "", ssh_host_key=data.get("ssh_host_key") or "",
-        local_spec=spec, local_faults=faults,
+        name=data["name"],
+        block=data["block"],
+        driver=data["driver"],
+        price_per_gpu_hour=data["price_per_gpu_hour"],
+        address=data.get("address") or "",
+        ssh_port=data.get("ssh_port") or 22,
+        ssh_user=data.get("ssh_user") or "",
+        ssh_private_key=data.get("ssh_private_key") or "",
+        ssh_host_key=data.get("ssh_host_key") or "",
+        local_spec=spec,
+        local_faults=faults,
     )
-
-
-

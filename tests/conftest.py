@@ -120,11 +120,17 @@ def helios_roce(helios, ams1):
 def add_local_host():
     """Add and onboard (synchronously) a local host; faults as in inventory.drivers.local."""
 
-    def add(provider, fabric, name, model="H100", gpus=8, price="2.49", block=None, faults=None, onboard=True):
+    def add(
+        provider, fabric, name, model="H100", gpus=8, price="2.49", block=None, faults=None, onboard=True
+    ):
         block = block or fabric.blocks.order_by("name").first()
         request = services.HostRequest(
-            name=name, block=block, driver=DriverKind.LOCAL, price_per_gpu_hour=Decimal(price),
-            local_spec=services.default_local_spec(model, gpus, fabric.kind), local_faults=faults,
+            name=name,
+            block=block,
+            driver=DriverKind.LOCAL,
+            price_per_gpu_hour=Decimal(price),
+            local_spec=services.default_local_spec(model, gpus, fabric.kind),
+            local_faults=faults,
         )
         host = services.add_host(provider, request, queue=False)
         return services.onboard_host(host.pk) if onboard else host

@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class VoltwebConfig(AppConfig):
     name = "voltweb"
     verbose_name = "Volt accounts"
+
+    def ready(self):
+        from voltweb.api import schema  # noqa: F401 - registers the OpenAPI auth extension

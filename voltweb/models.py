@@ -33,7 +33,9 @@ class Membership(models.Model):
     joined_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["team", "user"], name="membership_unique_user_per_team")]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="membership_unique_user_per_team")
+        ]
         ordering = ["team__name", "user__username"]
 
     def __str__(self) -> str:

@@ -32,8 +32,11 @@ def create_api_token(user: AbstractBaseUser, name: str, expires_at=None) -> Issu
     """Create a token for `user`. The returned secret is the only copy: show it once."""
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
-        user=user, name=name.strip() or "token", prefix=secret[: len(TOKEN_PREFIX) + 6],
-        token_hash=hash_token(secret), expires_at=expires_at,
+        user=user,
+        name=name.strip() or "token",
+        prefix=secret[: len(TOKEN_PREFIX) + 6],
+        token_hash=hash_token(secret),
+        expires_at=expires_at,
     )
     return IssuedToken(token=token, secret=secret)
 

@@ -31,15 +31,26 @@ class FabricSerializer(serializers.ModelSerializer):
     provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
     blocks = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     block_names = serializers.ListField(
-        child=serializers.CharField(max_length=100), write_only=True, required=False,
+        child=serializers.CharField(max_length=100),
+        write_only=True,
+        required=False,
         help_text="Racks / leaf switches to create in this fabric.",
     )
     per_host_gbytes_per_s = serializers.FloatField(required=False, min_value=0.01)
 
     class Meta:
         model = Fabric
-        fields = ["id", "provider", "site", "name", "kind", "per_host_gbytes_per_s", "oversubscription",
-                  "blocks", "block_names"]
+        fields = [
+            "id",
+            "provider",
+            "site",
+            "name",
+            "kind",
+            "per_host_gbytes_per_s",
+            "oversubscription",
+            "blocks",
+            "block_names",
+        ]
 
 
 class HostSerializer(serializers.ModelSerializer):
@@ -54,17 +65,41 @@ class HostSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Host
-        fields = ["id", "name", "provider", "region", "site", "fabric", "fabric_kind", "block", "state",
-                  "gpu_model", "gpu_count", "free_gpus", "nvlink_domain_size", "price_per_gpu_hour",
-                  "reliability", "last_heartbeat_at"]
+        fields = [
+            "id",
+            "name",
+            "provider",
+            "region",
+            "site",
+            "fabric",
+            "fabric_kind",
+            "block",
+            "state",
+            "gpu_model",
+            "gpu_count",
+            "free_gpus",
+            "nvlink_domain_size",
+            "price_per_gpu_hour",
+            "reliability",
+            "last_heartbeat_at",
+        ]
         read_only_fields = fields
 
 
 class HostDetailSerializer(HostSerializer):
     class Meta(HostSerializer.Meta):
-        fields = HostSerializer.Meta.fields + ["driver", "address", "ssh_port", "ssh_user", "ssh_host_key",
-                                               "local_spec", "error_code", "error_message", "discovery",
-                                               "created_at"]
+        fields = HostSerializer.Meta.fields + [
+            "driver",
+            "address",
+            "ssh_port",
+            "ssh_user",
+            "ssh_host_key",
+            "local_spec",
+            "error_code",
+            "error_message",
+            "discovery",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -92,7 +127,9 @@ class HostCreateSerializer(serializers.Serializer):
 
     def validate(self, attrs):
         if attrs["driver"] == DriverKind.LOCAL and not attrs.get("local_spec"):
-            raise serializers.ValidationError({"local_spec": "Local hosts need a spec: gpu_model and gpu_count."})
+            raise serializers.ValidationError(
+                {"local_spec": "Local hosts need a spec: gpu_model and gpu_count."}
+            )
         if attrs["driver"] == DriverKind.SSH and not attrs.get("address"):
             raise serializers.ValidationError({"address": "SSH hosts need an address (IP or DNS name)."})
         return attrs
@@ -120,8 +157,22 @@ class GpuSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = GPU
-        fields = ["id", "host", "host_name", "index", "uuid", "model", "name", "memory_mib", "nvlink_domain",
-                  "pci_bus_id", "health", "temperature_c", "utilization_pct", "ecc_uncorrectable"]
+        fields = [
+            "id",
+            "host",
+            "host_name",
+            "index",
+            "uuid",
+            "model",
+            "name",
+            "memory_mib",
+            "nvlink_domain",
+            "pci_bus_id",
+            "health",
+            "temperature_c",
+            "utilization_pct",
+            "ecc_uncorrectable",
+        ]
         read_only_fields = fields
 
 

@@ -37,7 +37,9 @@ class ProviderViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def perform_create(self, serializer):
         try:
             serializer.instance = services.register_provider(
-                self.request.user, serializer.validated_data["name"], serializer.validated_data.get("contact_email", "")
+                self.request.user,
+                serializer.validated_data["name"],
+                serializer.validated_data.get("contact_email", ""),
             )
         except DjangoValidationError as exc:
             raise _django_to_drf(exc) from None
@@ -84,7 +86,11 @@ class FabricViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         providers = services.visible_providers(self.request.user)
-        return Fabric.objects.filter(provider__in=providers).select_related("site", "provider").prefetch_related("blocks")
+        return (
+            Fabric.objects.filter(provider__in=providers)
+            .select_related("site", "provider")
+            .prefetch_related("blocks")
+        )
 
     def perform_create(self, serializer):
         data = serializer.validated_data
@@ -92,8 +98,13 @@ class FabricViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise NotFound("No such provider among yours.")
         try:
             serializer.instance = services.create_fabric(
-                data["provider"], data["site"], data["name"], data["kind"], data.get("per_host_gbytes_per_s"),
-                data.get("oversubscription", 1.0), data.get("block_names", []),
+                data["provider"],
+                data["site"],
+                data["name"],
+                data["kind"],
+                data.get("per_host_gbytes_per_s"),
+                data.get("oversubscription", 1.0),
+                data.get("block_names", []),
             )
         except DjangoValidationError as exc:
             raise _django_to_drf(exc) from None
@@ -153,32 +164,44 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         body = s.HostActionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            host = services.act_on_host(host, action_name, request.user, body.validated_data.get("reason", ""))
+            host = services.act_on_host(
+                host, action_name, request.user, body.validated_data.get("reason", "")
+            )
         except IllegalTransition as exc:
             raise ServiceError(f"{exc} Current state: {exc.current}.", code="illegal_transition") from None
         return Response(s.HostDetailSerializer(host).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @extend_schema(
+        request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer}
+    )
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
         return self._act(request, pk, "drain")
 
-    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @extend_schema(
+        request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer}
+    )
     @action(detail=True, methods=["post"])
     def cordon(self, request, pk=None):
         return self._act(request, pk, "cordon")
 
-    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @extend_schema(
+        request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer}
+    )
     @action(detail=True, methods=["post"])
     def uncordon(self, request, pk=None):
         return self._act(request, pk, "uncordon")
 
-    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @extend_schema(
+        request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer}
+    )
     @action(detail=True, methods=["post"])
     def retire(self, request, pk=None):
         return self._act(request, pk, "retire")
 
-    @extend_schema(request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer})
+    @extend_schema(
+        request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer}
+    )
     @action(detail=True, methods=["post"])
     def rediscover(self, request, pk=None):
         return self._act(request, pk, "rediscover")

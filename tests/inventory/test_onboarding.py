@@ -51,7 +51,9 @@ def test_each_local_host_gets_its_own_loopback_address(northwind, northwind_ib, 
         ({"hot": "2"}, "gpu_unhealthy", "96 C"),
     ],
 )
-def test_broken_host_fails_with_specific_error_and_no_gpus(northwind, northwind_ib, add_local_host, faults, code, words):
+def test_broken_host_fails_with_specific_error_and_no_gpus(
+    northwind, northwind_ib, add_local_host, faults, code, words
+):
     host = add_local_host(northwind, northwind_ib, "broken", faults=faults)
 
     assert host.state == HostState.FAILED
@@ -82,7 +84,9 @@ def test_retry_after_fix_makes_host_available(northwind, northwind_ib, add_local
     assert host.state == HostState.AVAILABLE and host.error_code == "" and host.gpus.count() == 8
 
 
-def test_onboarding_task_redelivered_after_completion_changes_nothing(northwind, northwind_ib, add_local_host):
+def test_onboarding_task_redelivered_after_completion_changes_nothing(
+    northwind, northwind_ib, add_local_host
+):
     host = add_local_host(northwind, northwind_ib, "once")
     events = host.events.count()
 
@@ -93,8 +97,13 @@ def test_onboarding_task_redelivered_after_completion_changes_nothing(northwind,
 
 def test_add_host_queues_onboarding_through_celery(northwind, northwind_ib, priya, committed):
     block = northwind_ib.blocks.first()
-    request = services.HostRequest(name="queued", block=block, driver="local", price_per_gpu_hour=2,
-                                   local_spec=services.default_local_spec("A100", 4, northwind_ib.kind))
+    request = services.HostRequest(
+        name="queued",
+        block=block,
+        driver="local",
+        price_per_gpu_hour=2,
+        local_spec=services.default_local_spec("A100", 4, northwind_ib.kind),
+    )
     with committed():
         host = services.add_host(northwind, request, actor=priya)
 
@@ -106,8 +115,12 @@ def test_add_host_queues_onboarding_through_celery(northwind, northwind_ib, priy
 
 def test_drain_cordon_uncordon_retire(northwind, northwind_ib, add_local_host, priya):
     host = add_local_host(northwind, northwind_ib, "life")
-    for action, state in [("drain", "draining"), ("cordon", "cordoned"), ("uncordon", "available"),
-                          ("retire", "retired")]:
+    for action, state in [
+        ("drain", "draining"),
+        ("cordon", "cordoned"),
+        ("uncordon", "available"),
+        ("retire", "retired"),
+    ]:
         host = services.act_on_host(host, action, priya)
         assert Host.objects.get(pk=host.pk).state == state
     with pytest.raises(IllegalTransition):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied, ValidationError as DjangoValidationError
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, serializers
-from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 
@@ -54,7 +54,9 @@ def exception_handler(exc, context):
 
 
 class ErrorSerializer(serializers.Serializer):
-    code = serializers.CharField(help_text="Machine-readable code, e.g. invalid, not_found, not_authenticated.")
+    code = serializers.CharField(
+        help_text="Machine-readable code, e.g. invalid, not_found, not_authenticated."
+    )
     message = serializers.CharField(help_text="What went wrong and what to do about it.")
     fields = serializers.DictField(required=False, help_text="Per-field messages for invalid input.")
 

@@ -22,7 +22,16 @@ class TeamSerializer(serializers.ModelSerializer):
 class ApiTokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at", "is_active"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "created_at",
+            "last_used_at",
+            "expires_at",
+            "revoked_at",
+            "is_active",
+        ]
         read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "is_active"]
 
 

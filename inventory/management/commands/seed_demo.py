@@ -28,23 +28,58 @@ TEAMS = {"demo-lab": "Demo Lab", "other-lab": "Other Lab"}
 # provider -> fabrics: (site, region, fabric, kind, per-host GB/s, oversubscription, {block: [(host, model, gpus, $)]})
 INVENTORY = {
     "Northwind GPU Cloud": [
-        ("iad1", "us-east", "iad1-ib", FabricKind.IB_NDR, 400.0, 2.0, {
-            "r01": [("iad1-h100-01", "H100", 8, "2.49"), ("iad1-h100-02", "H100", 8, "2.49"),
-                    ("iad1-h100-03", "H100", 8, "2.59")],
-            "r02": [("iad1-h100-04", "H100", 8, "2.39"), ("iad1-a100-01", "A100", 8, "1.49")],
-        }),
-        ("iad1", "us-east", "iad1-eth", FabricKind.ETH_100G, 12.5, 1.0, {
-            "e01": [("iad1-4090-01", "RTX 4090", 4, "0.39"), ("iad1-4090-02", "RTX 4090", 4, "0.44")],
-        }),
+        (
+            "iad1",
+            "us-east",
+            "iad1-ib",
+            FabricKind.IB_NDR,
+            400.0,
+            2.0,
+            {
+                "r01": [
+                    ("iad1-h100-01", "H100", 8, "2.49"),
+                    ("iad1-h100-02", "H100", 8, "2.49"),
+                    ("iad1-h100-03", "H100", 8, "2.59"),
+                ],
+                "r02": [("iad1-h100-04", "H100", 8, "2.39"), ("iad1-a100-01", "A100", 8, "1.49")],
+            },
+        ),
+        (
+            "iad1",
+            "us-east",
+            "iad1-eth",
+            FabricKind.ETH_100G,
+            12.5,
+            1.0,
+            {
+                "e01": [("iad1-4090-01", "RTX 4090", 4, "0.39"), ("iad1-4090-02", "RTX 4090", 4, "0.44")],
+            },
+        ),
     ],
     "Helios Compute": [
-        ("ams1", "eu-west", "ams1-roce", FabricKind.ROCE, 200.0, 1.0, {
-            "a01": [("ams1-a100-01", "A100", 8, "1.29"), ("ams1-a100-02", "A100", 8, "1.35")],
-            "a02": [("ams1-h100-01", "H100", 8, "2.19")],
-        }),
-        ("ams1", "eu-west", "ams1-eth", FabricKind.ETH_25G, None, 1.0, {
-            "b01": [("ams1-l40s-01", "L40S", 4, "0.89")],
-        }),
+        (
+            "ams1",
+            "eu-west",
+            "ams1-roce",
+            FabricKind.ROCE,
+            200.0,
+            1.0,
+            {
+                "a01": [("ams1-a100-01", "A100", 8, "1.29"), ("ams1-a100-02", "A100", 8, "1.35")],
+                "a02": [("ams1-h100-01", "H100", 8, "2.19")],
+            },
+        ),
+        (
+            "ams1",
+            "eu-west",
+            "ams1-eth",
+            FabricKind.ETH_25G,
+            None,
+            1.0,
+            {
+                "b01": [("ams1-l40s-01", "L40S", 4, "0.89")],
+            },
+        ),
     ],
 }
 
@@ -59,13 +94,17 @@ class Command(BaseCommand):
             provider = self._provider(provider_name, users)
             for site_name, region, fabric_name, kind, bandwidth, oversub, blocks in fabrics:
                 site = services.get_or_create_site(site_name, region)
-                fabric = services.create_fabric(provider, site, fabric_name, kind, bandwidth, oversub, list(blocks))
+                fabric = services.create_fabric(
+                    provider, site, fabric_name, kind, bandwidth, oversub, list(blocks)
+                )
                 for block_name, hosts in blocks.items():
                     block = Block.objects.get(fabric=fabric, name=block_name)
                     for host_name, model, gpus, price in hosts:
                         created += self._host(provider, block, host_name, model, gpus, Decimal(price))
         available = Host.objects.filter(state=HostState.AVAILABLE).count()
-        self.stdout.write(self.style.SUCCESS(f"Demo ready: {created} host(s) onboarded now, {available} available."))
+        self.stdout.write(
+            self.style.SUCCESS(f"Demo ready: {created} host(s) onboarded now, {available} available.")
+        )
         self.stdout.write(f"Logins (password {DEMO_PASSWORD!r}): " + ", ".join(USERS))
 
     def _users(self) -> dict:
@@ -73,7 +112,9 @@ class Command(BaseCommand):
         teams = {slug: accounts.create_team(name, slug) for slug, name in TEAMS.items()}
         users = {}
         for username, (platform_admin, team, role, _provider) in USERS.items():
-            user, made = User.objects.get_or_create(username=username, defaults={"email": f"{username}@volt.example"})
+            user, made = User.objects.get_or_create(
+                username=username, defaults={"email": f"{username}@volt.example"}
+            )
             if made:
                 user.set_password(DEMO_PASSWORD)
             user.is_staff = user.is_superuser = platform_admin
@@ -96,10 +137,13 @@ class Command(BaseCommand):
         if Host.objects.filter(provider=provider, name=name).exists():
             return 0
         spec = services.default_local_spec(model, gpus, block.fabric.kind)
-        request = services.HostRequest(name=name, block=block, driver=DriverKind.LOCAL, price_per_gpu_hour=price,
-                                       local_spec=spec)
+        request = services.HostRequest(
+            name=name, block=block, driver=DriverKind.LOCAL, price_per_gpu_hour=price, local_spec=spec
+        )
         with transaction.atomic():
             host = services.add_host(provider, request, queue=False)
         host = services.onboard_host(host.pk)
-        self.stdout.write(f"  {host.name}: {host.get_state_display()} ({host.gpu_count} x {host.gpu_model or model})")
+        self.stdout.write(
+            f"  {host.name}: {host.get_state_display()} ({host.gpu_count} x {host.gpu_model or model})"
+        )
         return 1

@@ -41,13 +41,37 @@ class Command(BaseCommand):
         queues = ",".join(settings.VOLT_QUEUES)
         commands = {
             "web": [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "voltweb.asgi:application"],
-            "worker": [python, "-m", "celery", "-A", "voltweb", "worker", "-Q", queues, "-c", "2",
-                       "--loglevel", "INFO", "-n", f"demo-{os.getpid()}@%h"],
-            "beat": [python, "-m", "celery", "-A", "voltweb", "beat", "--loglevel", "INFO",
-                     "-s", str(settings.VOLT_DATA_DIR / "celerybeat-schedule")],
+            "worker": [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "voltweb",
+                "worker",
+                "-Q",
+                queues,
+                "-c",
+                "2",
+                "--loglevel",
+                "INFO",
+                "-n",
+                f"demo-{os.getpid()}@%h",
+            ],
+            "beat": [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "voltweb",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "-s",
+                str(settings.VOLT_DATA_DIR / "celerybeat-schedule"),
+            ],
         }
         try:
-            for name, cmd in commands.items():
+            for cmd in commands.values():
                 children.append(subprocess.Popen(cmd, env=env, start_new_session=True))
             self._wait_for_web(port, children)
             self._announce(port)
@@ -74,9 +98,14 @@ class Command(BaseCommand):
 
         self.stdout.write(self.style.SUCCESS(f"\nVolt is running: http://127.0.0.1:{port}/"))
         self.stdout.write(f"Sign in with password {DEMO_PASSWORD!r} as:")
-        roles = {"admin": "platform admin", "alice": "researcher, Demo Lab", "tom": "team admin, Demo Lab",
-                 "bob": "researcher, Other Lab", "priya": "provider admin, Northwind GPU Cloud",
-                 "omar": "provider admin, Helios Compute"}
+        roles = {
+            "admin": "platform admin",
+            "alice": "researcher, Demo Lab",
+            "tom": "team admin, Demo Lab",
+            "bob": "researcher, Other Lab",
+            "priya": "provider admin, Northwind GPU Cloud",
+            "omar": "provider admin, Helios Compute",
+        }
         for user in USERS:
             self.stdout.write(f"  {user:<6} {roles.get(user, '')}")
         self.stdout.write("API docs: /api/docs/   Stop: Ctrl-C\n")
@@ -95,7 +124,9 @@ class Command(BaseCommand):
                 return
             dead = [c for c in children if c.poll() is not None]
             if dead:
-                self.stderr.write(f"A demo process ({' '.join(map(str, dead[0].args[:4]))}) exited; stopping.")
+                self.stderr.write(
+                    f"A demo process ({' '.join(map(str, dead[0].args[:4]))}) exited; stopping."
+                )
                 return
             time.sleep(0.5)
 

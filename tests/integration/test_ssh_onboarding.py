@@ -1,0 +1,91 @@
+"""An `ssh` host onboarded end to end: real sshd on 127.0.0.1, real asyncssh, simulated nvidia-smi.
+
+The sshd's SetEnv puts a sandbox's bin/ (simulated nvidia-smi and ibstat printing the real formats)
+first on the remote PATH, so the host looks like a GPU machine to the same discovery code.
+"""
+
+from decimal import Decimal
+
+import pytest
+
+from inventory import services
+from inventory.choices import DriverKind, HostState
+from inventory.drivers.local import create_sandbox
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+
+@pytest.fixture
+def gpu_sshd(sshd_factory, tmp_path):
+    sandbox = tmp_path / "remote-host"
+    create_sandbox(sandbox, services.default_local_spec("A100", 8, "ib_hdr") | {"seed": "ssh-a100"})
+    return sshd_factory({"PATH": f"{sandbox}/bin:/usr/bin:/bin", "VOLT_HOST_ROOT": str(sandbox)}), sandbox
+
+
+def add_ssh_host(provider, fabric, server, name="ssh-a100", key=None, host_key=""):
+    request = services.HostRequest(
+        name=name,
+        block=fabric.blocks.first(),
+        driver=DriverKind.SSH,
+        price_per_gpu_hour=Decimal("1.45"),
+        address=server.host,
+        ssh_port=server.port,
+        ssh_user=server.username,
+        ssh_private_key=key or server.client_private_key,
+        ssh_host_key=host_key,
+    )
+    host = services.add_host(provider, request, queue=False)
+    return services.onboard_host(host.pk)
+
+
+def test_ssh_host_is_onboarded_and_its_host_key_pinned(northwind, northwind_ib, gpu_sshd):
+    server, _ = gpu_sshd
+    host = add_ssh_host(northwind, northwind_ib, server)
+
+    assert host.state == HostState.AVAILABLE, host.error_message
+    assert (host.gpu_model, host.gpu_count, host.nvlink_domain_size) == ("A100", 8, 8)
+    assert [p["rate_gbps"] for p in host.discovery["ib_ports"]] == [200] * 8
+    assert host.ssh_host_key == server.host_public_key  # trust on first use, then pinned
+    assert "OPENSSH PRIVATE KEY" not in host.ssh_private_key_encrypted  # encrypted at rest
+
+    assert services.health_sweep() == {"ok": 1}  # the pinned key keeps working
+
+
+def test_ssh_host_with_refused_key_fails_with_auth_error(northwind, northwind_ib, gpu_sshd):
+    import asyncssh
+
+    server, _ = gpu_sshd
+    stranger = asyncssh.generate_private_key("ssh-ed25519").export_private_key("openssh").decode()
+    host = add_ssh_host(northwind, northwind_ib, server, key=stranger)
+
+    assert host.state == HostState.FAILED and host.error_code == "auth_refused"
+    assert "authorized_keys" in host.error_message and not host.gpus.exists()
+
+
+def test_ssh_host_presenting_another_host_key_is_refused(northwind, northwind_ib, gpu_sshd):
+    import asyncssh
+
+    server, _ = gpu_sshd
+    impostor = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
+    host = add_ssh_host(northwind, northwind_ib, server, host_key=impostor)
+
+    assert host.state == HostState.FAILED and host.error_code == "host_key_mismatch"
+    assert not host.gpus.exists()
+
+
+def test_ssh_host_without_nvidia_smi_fails_clearly(northwind, northwind_ib, sshd_factory, tmp_path):
+    sandbox = tmp_path / "no-driver"
+    create_sandbox(sandbox, {"gpu_model": "H100", "gpu_count": 8}, {"nvidia_smi_missing": ""})
+    server = sshd_factory({"PATH": f"{sandbox}/bin:/usr/bin:/bin", "VOLT_HOST_ROOT": str(sandbox)})
+    host = add_ssh_host(northwind, northwind_ib, server, name="bare")
+
+    assert host.state == HostState.FAILED and host.error_code == "nvidia_smi_missing"
+
+
+def test_unreachable_ssh_host_fails_with_address_in_message(northwind, northwind_ib, sshd_factory):
+    server = sshd_factory()
+    server.stop()
+    host = add_ssh_host(northwind, northwind_ib, server, name="gone")
+
+    assert host.state == HostState.FAILED and host.error_code == "unreachable"
+    assert str(server.port) in host.error_message

@@ -1,0 +1,76 @@
+"""Start-up configuration: clear failures on bad values, a clean deploy check, a clean OpenAPI schema."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCTION = {
+    "DEBUG": "0",
+    "SECRET_KEY": "x" * 20 + "-production-secret-with-enough-entropy-0123456789",
+    "ALLOWED_HOSTS": "volt.example.com",
+    "DATABASE_URL": "postgres://volt@db.internal:5432/volt",
+    "REDIS_URL": "redis://redis.internal:6379/0",
+}
+
+
+def manage(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in PRODUCTION}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DEBUG": "maybe"}, "DEBUG='maybe' is not a boolean"),
+        ({"DATABASE_URL": "mysql://x/y"}, "DATABASE_URL='mysql://x/y' has scheme 'mysql'"),
+        ({"REDIS_URL": "http://localhost"}, "REDIS_URL='http://localhost' has scheme 'http'"),
+        ({"CELERY_TASK_TIME_LIMIT": "ten"}, "CELERY_TASK_TIME_LIMIT='ten' is not an integer"),
+        ({"VOLT_ENCRYPTION_KEY": "short"}, "VOLT_ENCRYPTION_KEY must be a Fernet key"),
+        ({"DEBUG": "0", "ALLOWED_HOSTS": "x"}, "SECRET_KEY must be set"),
+        ({"CELERY_TASK_SOFT_TIME_LIMIT": "400", "CELERY_TASK_TIME_LIMIT": "300"}, "must be larger than"),
+    ],
+)
+def test_invalid_settings_fail_at_start_with_a_clear_message(env, message):
+    result = manage("check", env=env)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_deploy_check_is_clean_with_production_settings():
+    result = manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_openapi_schema_generates_without_warnings(tmp_path):
+    out = tmp_path / "schema.yaml"
+    result = manage("spectacular", "--fail-on-warn", "--validate", "--file", str(out))
+    assert result.returncode == 0, result.stderr
+    schema = out.read_text()
+    for path in (
+        "/api/v1/hosts/",
+        "/api/v1/offers/",
+        "/api/v1/gpus/",
+        "/api/v1/providers/",
+        "/api/v1/tokens/",
+    ):
+        assert path in schema
+
+
+@pytest.mark.django_db
+def test_schema_and_docs_pages_are_served(client, alice):
+    client.force_login(alice)
+    assert client.get("/api/schema/").status_code == 200
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200 and b"cdn" not in docs.content.lower()
