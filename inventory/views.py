@@ -36,7 +36,7 @@ PAGE_SIZE = 25
 @login_required
 def offers(request):
     hosts = services.visible_hosts(request.user)
-    filterset = OfferFilter(request.GET or None, queryset=hosts)
+    filterset = OfferFilter(request.GET, queryset=hosts)
     rows = services.offers(filterset.qs if filterset.is_valid() else hosts.none())
     kinds = dict(FabricKind.choices)
     for row in rows:
@@ -63,7 +63,7 @@ def _offers_chart(rows: list[dict]) -> dict:
 @login_required
 def hosts(request):
     queryset = services.visible_hosts(request.user).select_related("provider", "site", "fabric", "block")
-    filterset = HostFilter(request.GET or None, queryset=queryset)
+    filterset = HostFilter(request.GET, queryset=queryset)
     sort = request.GET.get("sort", "price")
     rows = filterset.qs if filterset.is_valid() else queryset.none()
     rows = rows.order_by(HOST_SORTS.get(sort, "price_per_gpu_hour"), "id")

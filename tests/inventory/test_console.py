@@ -1,0 +1,119 @@
+"""Console pages rendered for each persona (the browser tests drive the same pages in Chromium)."""
+
+import pytest
+
+from inventory.choices import HostState
+from inventory.models import Host, Provider
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def hosts(northwind, northwind_ib, helios, helios_roce, add_local_host):
+    return {
+        "h100": add_local_host(northwind, northwind_ib, "iad1-h100-01"),
+        "bad": add_local_host(northwind, northwind_ib, "iad1-bad", faults={"nvidia_smi_missing": ""}),
+        "a100": add_local_host(helios, helios_roce, "ams1-a100-01", model="A100", price="1.29"),
+    }
+
+
+def test_anonymous_visitor_is_sent_to_login(client):
+    response = client.get("/inventory/")
+    assert response.status_code == 302 and response.url.startswith("/login/")
+
+
+def test_offers_page_lists_capacity_and_draws_a_chart(client, alice, hosts):
+    client.force_login(alice)
+    page = client.get("/inventory/").content.decode()
+    assert "H100" in page and "A100" in page and "offers-chart" in page
+    assert "/static/plotly/plotly.min.js" in page
+    assert client.get("/static/plotly/plotly.min.js").status_code == 200
+
+
+def test_offers_page_with_no_match_says_how_to_widen(client, alice, hosts):
+    client.force_login(alice)
+    page = client.get("/inventory/?model=H200").content.decode()
+    assert "No offers match" in page and "Clear the filters" in page
+
+
+def test_hosts_page_filters_sorts_and_shows_states(client, alice, hosts):
+    client.force_login(alice)
+    page = client.get("/inventory/hosts/?interconnect=roce&sort=-price").content.decode()
+    assert "ams1-a100-01" in page and "iad1-h100-01" not in page
+    assert "iad1-bad" not in client.get("/inventory/hosts/").content.decode()
+
+
+def test_invalid_filter_shows_inline_error_not_500(client, alice, hosts):
+    client.force_login(alice)
+    response = client.get("/inventory/hosts/?max_price=cheap")
+    assert response.status_code == 200 and "Enter a number" in response.content.decode()
+
+
+def test_failed_host_page_shows_the_error_to_its_provider_only(client, priya, omar, hosts):
+    client.force_login(priya)
+    page = client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
+    assert "Onboarding failed" in page and "nvidia-smi is not installed" in page and "No GPUs recorded" in page
+    assert "Retry onboarding" in page
+    client.force_login(omar)
+    assert client.get(f"/inventory/hosts/{hosts['bad'].pk}/").status_code == 404
+
+
+def test_provider_adds_local_host_through_the_form(client, priya, northwind, northwind_ib, committed):
+    client.force_login(priya)
+    form = {"name": "iad1-a100-09", "block": northwind_ib.blocks.first().pk, "driver": "local",
+            "price_per_gpu_hour": "1.55", "gpu_model": "A100", "gpu_count": "8", "fault": ""}
+    with committed():
+        response = client.post(f"/inventory/providers/{northwind.slug}/hosts/new/", form)
+    host = Host.objects.get(name="iad1-a100-09")
+    assert response.status_code == 302 and response.url == f"/inventory/hosts/{host.pk}/"
+    assert host.state == HostState.AVAILABLE and host.gpus.count() == 8
+
+
+def test_host_form_shows_inline_errors_and_creates_nothing(client, priya, northwind, northwind_ib):
+    client.force_login(priya)
+    form = {"name": "", "block": northwind_ib.blocks.first().pk, "driver": "ssh", "price_per_gpu_hour": "-2"}
+    response = client.post(f"/inventory/providers/{northwind.slug}/hosts/new/", form)
+    assert response.status_code == 200
+    errors = response.context["form"].errors
+    assert {"name", "price_per_gpu_hour", "address", "ssh_private_key"} <= set(errors)
+    assert not Host.objects.exists()
+
+
+def test_host_form_without_fabric_sends_provider_to_add_one(client, priya, northwind):
+    client.force_login(priya)
+    response = client.get(f"/inventory/providers/{northwind.slug}/hosts/new/")
+    assert response.status_code == 302 and response.url.endswith("/fabrics/new/")
+
+
+def test_provider_registers_adds_fabric_and_platform_admin_approves(client, make_user, root):
+    owner = make_user("nia")
+    client.force_login(owner)
+    response = client.post("/inventory/providers/new/", {"name": "Nebula Racks", "contact_email": ""})
+    provider = Provider.objects.get(name="Nebula Racks")
+    assert response.url == f"/inventory/providers/{provider.slug}/" and provider.status == "pending"
+    fabric = {"site": "", "new_site_name": "fra2", "new_site_region": "eu-central", "name": "fra2-ib",
+              "kind": "ib_hdr", "per_host_gbytes_per_s": "", "oversubscription": "1", "blocks": "r1, r2"}
+    assert client.post(f"/inventory/providers/{provider.slug}/fabrics/new/", fabric).status_code == 302
+    assert list(provider.fabrics.get().blocks.values_list("name", flat=True)) == ["r1", "r2"]
+
+    assert client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"}).status_code == 404
+    client.force_login(root)
+    client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"})
+    provider.refresh_from_db()
+    assert provider.status == "approved"
+
+
+def test_host_actions_from_the_console(client, priya, omar, hosts):
+    client.force_login(omar)
+    assert client.post(f"/inventory/hosts/{hosts['h100'].pk}/cordon/").status_code == 404
+    client.force_login(priya)
+    client.post(f"/inventory/hosts/{hosts['h100'].pk}/cordon/")
+    assert Host.objects.get(pk=hosts["h100"].pk).state == HostState.CORDONED
+    response = client.post(f"/inventory/hosts/{hosts['h100'].pk}/drain/", follow=True)
+    assert "cannot go from cordoned to draining" in response.content.decode()
+
+
+def test_teams_page_lists_only_my_teams(client, alice, bob):
+    client.force_login(bob)
+    page = client.get("/teams/").content.decode()
+    assert "Lab B" in page and "Lab A" not in page
