@@ -1,1 +1,115 @@
-"""Clusters: requests, placements, allocations and their lifecycle (placement engine in placement/)."""
+"""Clusters: a team's request, where placement put it, the GPUs it holds, and its timeline."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from clusters.choices import ClusterStatus, FailureReason
+from inventory.models import GPU, Host
+from voltweb.models import Team
+
+
+class Cluster(models.Model):
+    """A multi-node cluster request and its lifecycle (clusters/transitions.py)."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="clusters")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    name = models.CharField(max_length=100)
+    status = models.CharField(max_length=20, choices=ClusterStatus.choices, default=ClusterStatus.PENDING)
+    priority = models.IntegerField(default=0, help_text="Higher is placed first from the queue.")
+    spec = models.JSONField(help_text="The placement request as submitted (validated).")
+    plan = models.JSONField(null=True, blank=True, help_text="The placement plan, with its explanation.")
+    gpu_model = models.CharField(max_length=50, blank=True)
+    predicted_busbw_gbps = models.FloatField(null=True, blank=True, help_text="GB/s, nccl-tests busbw.")
+    predicted_allreduce_s = models.FloatField(null=True, blank=True)
+    price_per_hour = models.DecimalField(max_digits=10, decimal_places=2, null=True, blank=True)
+    queue_reason = models.TextField(blank=True, help_text="Why it waits: the binding constraints.")
+    failure_reason = models.CharField(max_length=30, choices=FailureReason.choices, blank=True)
+    failure_message = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status", "-priority", "queued_at"], name="cluster_queue_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+
+class ClusterNode(models.Model):
+    """One node of a placed cluster: a host, its rank, and (pipeline parallel) its stage."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="cluster_nodes")
+    rank = models.PositiveIntegerField()
+    is_head = models.BooleanField(default=False)
+    stage = models.PositiveIntegerField(null=True, blank=True)
+    gpu_indices = models.JSONField(default=list)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster_id", "rank"]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/rank{self.rank} on {self.host_id}"
+
+
+class Allocation(models.Model):
+    """One GPU held by one cluster. The partial unique index is what guarantees no double booking."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="allocations")
+    node = models.ForeignKey(ClusterNode, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="allocations")
+    active = models.BooleanField(default=True)
+    allocated_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=models.Q(active=True), name="allocation_one_active_per_gpu"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"gpu {self.gpu_id} -> cluster {self.cluster_id}{'' if self.active else ' (released)'}"
+
+
+class ClusterEvent(models.Model):
+    """A line of a cluster's timeline: every status change, with its reason."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(default=timezone.now)
+    from_status = models.CharField(max_length=20, blank=True)
+    to_status = models.CharField(max_length=20, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}: {self.from_status} -> {self.to_status}"
+
+
+class BandwidthSample(models.Model):
+    """A measured all-reduce busbw for one topology domain; it overrides the declared figure."""
+
+    level = models.CharField(max_length=10)  # block, fabric, site, region, global
+    domain_id = models.CharField(max_length=100)
+    busbw_gbps = models.FloatField(help_text="GB/s, nccl-tests busbw at large message size.")
+    nodes = models.PositiveIntegerField(default=2)
+    measured_at = models.DateTimeField(default=timezone.now, db_index=True)
+    cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["-measured_at"]
+        indexes = [models.Index(fields=["level", "domain_id", "-measured_at"], name="bwsample_domain_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.level}:{self.domain_id} {self.busbw_gbps:.1f} GB/s"

@@ -323,7 +323,7 @@ def _fail_onboarding(host: Host, code: str, message: str) -> Host:
             host,
             HostState.FAILED,
             reason=message,
-            extra={"error_code": code, "error_message": message, "free_gpus": 0},
+            extra={"error_code": code, "error_message": message, "free_gpus": 0, "free_gpu_map": []},
         )
 
 
@@ -358,7 +358,6 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     extra = {
         "gpu_model": discovery.gpu_model,
         "gpu_count": count,
-        "free_gpus": count,
         "nvlink_domain_size": max(len(d) for d in discovery.nvlink_domains),
         "discovery": discovery.as_json(),
         "error_code": "",
@@ -367,7 +366,27 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     }
     if seen_key and not host.ssh_host_key:
         extra["ssh_host_key"] = seen_key  # trust on first use, pinned from now on
-    return transitions.transition_host(host, HostState.AVAILABLE, reason=summary, extra=extra)
+    transitions.transition_host(host, HostState.AVAILABLE, reason=summary, extra=extra)
+    refresh_free_capacity([host.pk])
+    capacity_changed()
+    host.refresh_from_db()
+    return host
+
+
+def capacity_changed() -> None:
+    """Tell the placement queue that capacity appeared (after commit).
+
+    By task name: the clusters app depends on the inventory, not the other way round.
+    """
+    from voltweb.celery import app
+
+    def send() -> None:
+        try:
+            app.send_task("clusters.tasks.drain_queue_task", queue="placement")
+        except Exception:  # noqa: BLE001 - the periodic drain catches up if the broker is down
+            logger.warning("could not notify the placement queue", exc_info=True)
+
+    transaction.on_commit(send)
 
 
 def _event(host: Host, kind: str, message: str) -> None:
@@ -398,6 +417,8 @@ def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, 
         )
         if target == HostState.ONBOARDING:
             _queue_onboarding(host)
+        if target == HostState.AVAILABLE:
+            capacity_changed()
     return host
 
 
@@ -550,3 +571,23 @@ def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink:
     if nvlink is not None:
         spec["nvlink"] = nvlink
     return spec
+
+
+def refresh_free_capacity(host_ids: list[int]) -> None:
+    """Recompute free_gpus and free_gpu_map from healthy GPUs that no active allocation holds.
+
+    Called inside the transaction that changed GPUs or allocations (the clusters app allocates);
+    the allocation table stays the truth, these columns are what offers and placement read fast.
+    """
+    free: dict[int, dict[int, list[int]]] = {host_id: {} for host_id in host_ids}
+    rows = (
+        GPU.objects.filter(host_id__in=host_ids, health=GpuHealth.HEALTHY)
+        .exclude(allocations__active=True)
+        .order_by("host_id", "nvlink_domain", "index")
+        .values_list("host_id", "nvlink_domain", "index")
+    )
+    for host_id, domain, index in rows:
+        free[host_id].setdefault(domain, []).append(index)
+    for host_id, domains in free.items():
+        free_map = [domains[d] for d in sorted(domains)]
+        Host.objects.filter(pk=host_id).update(free_gpu_map=free_map, free_gpus=sum(len(d) for d in free_map))

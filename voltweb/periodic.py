@@ -11,4 +11,14 @@ SCHEDULE = {
         "schedule": 120.0,
         "options": {"queue": "monitoring"},
     },
+    "drain-placement-queue": {
+        "task": "clusters.tasks.drain_queue_task",
+        "schedule": 30.0,
+        "options": {"queue": "placement"},
+    },
+    "reap-stuck-placing": {
+        "task": "clusters.tasks.reap_stuck_placing",
+        "schedule": 60.0,
+        "options": {"queue": "placement"},
+    },
 }

@@ -9,6 +9,7 @@ from voltweb import views
 api_v1 = [
     path("", include("voltweb.api.urls")),
     path("", include("inventory.api.urls")),
+    path("", include("clusters.api.urls")),
 ]
 
 urlpatterns = [
@@ -19,6 +20,7 @@ urlpatterns = [
     path("account/tokens/<int:pk>/revoke/", views.revoke_token, name="token-revoke"),
     path("teams/", views.teams, name="teams"),
     path("inventory/", include("inventory.urls")),
+    path("clusters/", include("clusters.urls")),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

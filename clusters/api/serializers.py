@@ -1,0 +1,175 @@
+from rest_framework import serializers
+
+from clusters import services
+from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyLevel
+from clusters.models import Cluster, ClusterEvent, ClusterNode
+from inventory.filters import INTERCONNECT_CHOICES
+from voltweb import services as accounts
+from voltweb.models import Team
+
+# Which field an engine message is about, so a 400 points at what to change.
+_FIELD_HINTS = (
+    ("GPUs per node", "gpus_per_node"),
+    ("pipeline stages", "pipeline_stages"),
+    ("nodes", "nodes"),
+    ("GPU model", "gpu_models"),
+    ("interconnect", "interconnect"),
+    ("topology", "topology_level"),
+    ("price", "max_price_per_gpu_hour"),
+    ("parallelism", "parallelism"),
+)
+
+
+def problems_by_field(problems) -> dict[str, list[str]]:
+    fields: dict[str, list[str]] = {}
+    for problem in problems:
+        field = next((f for hint, f in _FIELD_HINTS if hint.lower() in problem.lower()), "non_field_errors")
+        fields.setdefault(field, []).append(problem)
+    return fields
+
+
+class ClusterSpecSerializer(serializers.Serializer):
+    """What a researcher asks for. Every field but nodes, gpus_per_node and gpu_models has a default."""
+
+    name = serializers.SlugField(max_length=100, required=False, default="cluster")
+    team = serializers.SlugRelatedField(
+        slug_field="slug",
+        queryset=Team.objects.all(),
+        required=False,
+        help_text="Your team's slug; optional when you belong to one team.",
+    )
+    priority = serializers.IntegerField(min_value=-100, max_value=100, default=0)
+    nodes = serializers.IntegerField(min_value=1, max_value=1024)
+    gpus_per_node = serializers.IntegerField(min_value=1, max_value=16)
+    gpu_models = serializers.ListField(
+        child=serializers.CharField(max_length=50),
+        min_length=1,
+        max_length=8,
+        help_text='e.g. ["H100"] or ["H100", "A100"]',
+    )
+    model_policy = serializers.ChoiceField(choices=ModelPolicy.choices, default=ModelPolicy.ANY_OF)
+    interconnect = serializers.ListField(
+        child=serializers.ChoiceField(choices=INTERCONNECT_CHOICES), required=False, default=list
+    )
+    interconnect_mode = serializers.ChoiceField(choices=ConstraintMode.choices, default=ConstraintMode.ANY)
+    topology_level = serializers.ChoiceField(
+        choices=TopologyLevel.choices, required=False, allow_null=True, default=None
+    )
+    topology_mode = serializers.ChoiceField(choices=ConstraintMode.choices, default=ConstraintMode.ANY)
+    regions = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
+    max_price_per_gpu_hour = serializers.DecimalField(
+        max_digits=8, decimal_places=2, required=False, allow_null=True, min_value=0, default=None
+    )
+    parallelism = serializers.ChoiceField(choices=Parallelism.choices, default=Parallelism.DATA_PARALLEL)
+    pipeline_stages = serializers.IntegerField(min_value=0, max_value=1024, default=0)
+
+    def validate_team(self, team):
+        user = self.context["request"].user
+        if not accounts.teams_of(user).filter(pk=team.pk).exists():
+            raise serializers.ValidationError("You are not a member of this team.")
+        return team
+
+    def validate(self, attrs):
+        user = self.context["request"].user
+        if "team" not in attrs and self.context.get("needs_team", True):
+            teams = list(accounts.teams_of(user)[:2])
+            if len(teams) != 1:
+                raise serializers.ValidationError({"team": "Name the team (slug) the cluster belongs to."})
+            attrs["team"] = teams[0]
+        try:
+            services.validate_spec(self.spec(attrs))
+        except services.InvalidSpec as exc:
+            raise serializers.ValidationError(problems_by_field(exc.problems)) from None
+        return attrs
+
+    @staticmethod
+    def spec(attrs) -> dict:
+        spec = {k: v for k, v in attrs.items() if k != "team"}
+        if spec.get("max_price_per_gpu_hour") is not None:
+            spec["max_price_per_gpu_hour"] = str(spec["max_price_per_gpu_hour"])
+        return spec
+
+
+class ClusterNodeSerializer(serializers.ModelSerializer):
+    host = serializers.CharField(source="host.name")
+    site = serializers.CharField(source="host.site.name")
+    block = serializers.CharField(source="host.block.name")
+
+    class Meta:
+        model = ClusterNode
+        fields = ["rank", "host", "site", "block", "is_head", "stage", "gpu_indices"]
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug")
+    created_by = serializers.CharField(source="created_by.username", default=None)
+    queue_position = serializers.SerializerMethodField()
+    nodes = ClusterNodeSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "id",
+            "name",
+            "team",
+            "created_by",
+            "status",
+            "priority",
+            "spec",
+            "gpu_model",
+            "predicted_busbw_gbps",
+            "predicted_allreduce_s",
+            "price_per_hour",
+            "queue_position",
+            "queue_reason",
+            "failure_reason",
+            "failure_message",
+            "plan",
+            "nodes",
+            "created_at",
+            "queued_at",
+            "placed_at",
+            "ended_at",
+        ]
+        read_only_fields = fields
+
+    def get_queue_position(self, cluster) -> int | None:
+        return services.queue_position(cluster)
+
+
+class ClusterEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ClusterEvent
+        fields = ["at", "from_status", "to_status", "message"]
+
+
+class PlanNodeSerializer(serializers.Serializer):
+    rank = serializers.IntegerField()
+    host_id = serializers.IntegerField()
+    host = serializers.CharField()
+    provider = serializers.CharField()
+    region = serializers.CharField()
+    site = serializers.CharField()
+    fabric = serializers.CharField()
+    block = serializers.CharField()
+    gpu_indices = serializers.ListField(child=serializers.IntegerField())
+
+
+class PreviewSerializer(serializers.Serializer):
+    placed = serializers.BooleanField()
+    reasons = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="Binding constraints when nothing fits (the request would queue).",
+    )
+    model = serializers.CharField(required=False)
+    nodes = PlanNodeSerializer(many=True, required=False)
+    head_host_id = serializers.CharField(required=False)
+    spanned_level = serializers.CharField(required=False)
+    predicted_busbw_gbps = serializers.FloatField(required=False, allow_null=True)
+    predicted_allreduce_s = serializers.FloatField(required=False, allow_null=True)
+    price_per_hour = serializers.FloatField(required=False)
+    explanation = serializers.ListField(child=serializers.CharField())
+    stage_order = serializers.ListField(
+        child=serializers.ListField(child=serializers.CharField()), required=False
+    )

@@ -1,0 +1,75 @@
+"""Clusters API: request, list, inspect, terminate; and placement preview."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.response import Response
+
+from clusters import services
+from clusters.api import serializers as s
+from clusters.models import Cluster
+from voltweb.api.errors import ErrorResponseSerializer, ServiceError
+from voltweb.statemachine import IllegalTransition
+
+ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
+
+
+@extend_schema(responses=ERRORS)
+class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Your teams' clusters. POST requests one: placement runs in the background (202)."""
+
+    serializer_class = s.ClusterSerializer
+    filterset_fields = ["status", "team__slug"]
+    ordering_fields = ["created_at", "priority"]
+    queryset = Cluster.objects.none()
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Cluster.objects.none()
+        return (
+            services.visible_clusters(self.request.user)
+            .select_related("team", "created_by")
+            .prefetch_related("nodes__host__site", "nodes__host__block")
+        )
+
+    @extend_schema(request=s.ClusterSpecSerializer, responses={202: s.ClusterSerializer, **ERRORS})
+    def create(self, request, *args, **kwargs):
+        spec = s.ClusterSpecSerializer(data=request.data, context={"request": request})
+        spec.is_valid(raise_exception=True)
+        try:
+            cluster = services.request_cluster(
+                spec.validated_data["team"], request.user, spec.spec(spec.validated_data)
+            )
+        except services.InvalidSpec as exc:
+            raise ServiceError("; ".join(exc.problems), code="invalid", status_code=400) from None
+        return Response(s.ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: s.ClusterSerializer, 409: ErrorResponseSerializer})
+    @action(detail=True, methods=["post"])
+    def terminate(self, request, pk=None):
+        """Cancel a pending or queued cluster, or terminate a running one (frees its GPUs)."""
+        cluster = self.get_object()
+        try:
+            cluster = services.terminate_cluster(cluster, request.user)
+        except IllegalTransition as exc:
+            raise ServiceError(f"{exc} It is {exc.current}.", code="illegal_transition") from None
+        return Response(s.ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: s.ClusterEventSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        page = self.paginate_queryset(self.get_object().events.all())
+        return self.get_paginated_response(s.ClusterEventSerializer(page, many=True).data)
+
+
+@extend_schema(request=s.ClusterSpecSerializer, responses={200: s.PreviewSerializer, **ERRORS})
+@api_view(["POST"])
+def preview(request):
+    """The plan placement would make now, without allocating anything; or why nothing fits."""
+    spec = s.ClusterSpecSerializer(data=request.data, context={"request": request, "needs_team": False})
+    spec.is_valid(raise_exception=True)
+    try:
+        result = services.preview(spec.spec(spec.validated_data))
+    except services.InvalidSpec as exc:
+        raise ServiceError("; ".join(exc.problems), code="invalid", status_code=400) from None
+    return Response(services.plan_as_json(result))

@@ -1,0 +1,59 @@
+"""Cluster statuses and failure reasons, with the sets code uses instead of literals."""
+
+from django.db import models
+
+
+class ClusterStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PLACING = "placing", "Placing"
+    QUEUED = "queued", "Queued"
+    PROVISIONING = "provisioning", "Provisioning"
+    VERIFYING = "verifying", "Verifying"
+    READY = "ready", "Ready"
+    DEGRADED = "degraded", "Degraded"
+    RECOVERING = "recovering", "Recovering"
+    TERMINATING = "terminating", "Terminating"
+    TERMINATED = "terminated", "Terminated"
+    FAILED = "failed", "Failed"
+
+
+S = ClusterStatus
+# States in which a cluster holds GPU allocations.
+HOLDS_GPUS = {S.PROVISIONING, S.VERIFYING, S.READY, S.DEGRADED, S.RECOVERING, S.TERMINATING}
+# States a user can still terminate or cancel from.
+LIVE = {S.PENDING, S.PLACING, S.QUEUED} | HOLDS_GPUS - {S.TERMINATING}
+TERMINAL = {S.TERMINATED, S.FAILED}
+
+
+class FailureReason(models.TextChoices):
+    """Why a cluster failed: a user must tell "no capacity" from "host broke" from "config wrong"."""
+
+    NO_CAPACITY = "no_capacity", "No capacity"
+    CONFIG_INVALID = "config_invalid", "Configuration invalid"
+    HOST_FAILED = "host_failed", "Host failed"
+    VERIFICATION_FAILED = "verification_failed", "Verification failed"
+
+
+class Parallelism(models.TextChoices):
+    DATA_PARALLEL = "data_parallel", "Data parallel / FSDP"
+    TENSOR_PIPELINE = "tensor_pipeline", "Tensor + pipeline parallel"
+    INFERENCE = "inference_replicas", "Inference replicas"
+    INDEPENDENT = "independent", "Independent tasks"
+
+
+class ConstraintMode(models.TextChoices):
+    REQUIRED = "required", "Required"
+    PREFERRED = "preferred", "Preferred"
+    ANY = "any", "Any"
+
+
+class TopologyLevel(models.TextChoices):
+    BLOCK = "block", "Same block (rack / leaf switch)"
+    FABRIC = "fabric", "Same fabric"
+    SITE = "site", "Same site (data center)"
+    REGION = "region", "Same region"
+
+
+class ModelPolicy(models.TextChoices):
+    ANY_OF = "any_of", "Any of (cheapest that fits)"
+    ORDERED = "ordered", "Ordered (first that fits)"

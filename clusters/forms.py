@@ -1,0 +1,52 @@
+"""The console's cluster request form (the same fields as the API's ClusterSpecSerializer)."""
+
+from django import forms
+
+from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyLevel
+from inventory.filters import INTERCONNECT_CHOICES
+from inventory.gpu_catalog import BY_MODEL
+
+
+class ClusterForm(forms.Form):
+    name = forms.SlugField(max_length=100, initial="my-cluster")
+    team = forms.ChoiceField(choices=())
+    nodes = forms.IntegerField(min_value=1, max_value=1024, initial=2)
+    gpus_per_node = forms.IntegerField(min_value=1, max_value=16, initial=8, label="GPUs per node")
+    gpu_models = forms.MultipleChoiceField(
+        choices=[(m, m) for m in BY_MODEL],
+        initial=["H100"],
+        widget=forms.CheckboxSelectMultiple,
+        label="GPU models",
+    )
+    model_policy = forms.ChoiceField(choices=ModelPolicy.choices, initial=ModelPolicy.ANY_OF)
+    parallelism = forms.ChoiceField(
+        choices=Parallelism.choices, initial=Parallelism.DATA_PARALLEL, label="Workload"
+    )
+    interconnect = forms.ChoiceField(choices=[("", "Any")] + INTERCONNECT_CHOICES, required=False)
+    interconnect_mode = forms.ChoiceField(choices=ConstraintMode.choices, initial=ConstraintMode.PREFERRED)
+    topology_level = forms.ChoiceField(
+        choices=[("", "No constraint")] + list(TopologyLevel.choices), required=False
+    )
+    topology_mode = forms.ChoiceField(choices=ConstraintMode.choices, initial=ConstraintMode.PREFERRED)
+    regions = forms.CharField(required=False, help_text="Comma-separated, e.g. us-east, eu-west. Empty: any.")
+    max_price_per_gpu_hour = forms.DecimalField(
+        min_value=0, max_digits=8, decimal_places=2, required=False, label="Max $ / GPU-hour"
+    )
+    priority = forms.IntegerField(min_value=-100, max_value=100, initial=0)
+
+    def __init__(self, *args, teams=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [(t.slug, t.name) for t in teams]
+
+    def to_payload(self) -> dict:
+        """The API payload for this form's cleaned data."""
+        data = dict(self.cleaned_data)
+        data["interconnect"] = [data["interconnect"]] if data.get("interconnect") else []
+        if not data["interconnect"]:
+            data["interconnect_mode"] = ConstraintMode.ANY
+        if not data.get("topology_level"):
+            data["topology_level"], data["topology_mode"] = None, ConstraintMode.ANY
+        elif data["topology_mode"] == ConstraintMode.ANY:
+            data["topology_mode"] = ConstraintMode.PREFERRED
+        data["regions"] = [r.strip() for r in (data.get("regions") or "").split(",") if r.strip()]
+        return {k: v for k, v in data.items() if v is not None}

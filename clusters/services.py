@@ -1,0 +1,516 @@
+"""Cluster operations: validate a request, preview and place it, allocate and release GPUs, the queue.
+
+Placement itself is the pure engine in clusters/placement/; this module turns database rows into its
+snapshots and its plans into allocations. The partial unique index on Allocation(gpu) WHERE active is
+the guarantee against double booking; the host row locks taken here only make conflicts rare.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict
+from decimal import Decimal
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Max, QuerySet
+from django.utils import timezone
+
+from clusters import placement, transitions
+from clusters.choices import HOLDS_GPUS, LIVE, ClusterStatus, FailureReason
+from clusters.models import Allocation, BandwidthSample, Cluster, ClusterNode
+from inventory import services as inventory
+from inventory.choices import HostState
+from inventory.models import GPU, Block, Fabric, Host, Site
+from voltweb import services as accounts
+from voltweb.models import Team
+from voltweb.statemachine import IllegalTransition
+
+logger = logging.getLogger(__name__)
+
+S = ClusterStatus
+PLACEMENT_ATTEMPTS = 5  # a racing request re-plans this often before it queues
+MEASURED_MAX_AGE_DAYS = 7
+
+
+class InvalidSpec(ValueError):
+    """The request cannot ever be met as written; `problems` say what to change."""
+
+    def __init__(self, problems):
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
+
+
+# --- visibility --------------------------------------------------------------------------------------
+
+
+def visible_clusters(user: AbstractBaseUser) -> QuerySet[Cluster]:
+    """Clusters of the caller's teams (platform admins: all). Another team's cluster is a 404."""
+    return Cluster.objects.filter(team__in=accounts.teams_of(user))
+
+
+# --- from the database to the engine -----------------------------------------------------------------
+
+
+def to_request(spec: dict) -> placement.PlacementRequest:
+    """The engine's request for a validated spec (see api/serializers.ClusterSpecSerializer)."""
+    fields = {f: spec[f] for f in ("nodes", "gpus_per_node") if f in spec}
+    fields["models"] = tuple(spec.get("gpu_models") or ())
+    for key in (
+        "model_policy",
+        "interconnect_mode",
+        "topology_level",
+        "topology_mode",
+        "parallelism",
+        "pipeline_stages",
+        "name",
+        "priority",
+    ):
+        if spec.get(key) not in (None, ""):
+            fields[key] = spec[key]
+    fields["interconnect"] = tuple(spec.get("interconnect") or ())
+    fields["regions"] = tuple(spec.get("regions") or ())
+    if spec.get("max_price_per_gpu_hour") is not None:
+        fields["max_price_per_gpu_hour"] = float(spec["max_price_per_gpu_hour"])
+    return placement.PlacementRequest(**fields)
+
+
+def candidate_snapshots(request: placement.PlacementRequest) -> list[placement.HostSnapshot]:
+    """Offerable hosts that could give one node of `request` (hard filters pushed into SQL)."""
+    hosts = inventory.offerable_hosts().filter(
+        gpu_model__in=request.models, free_gpus__gte=request.gpus_per_node
+    )
+    if request.max_price_per_gpu_hour is not None:
+        hosts = hosts.filter(price_per_gpu_hour__lte=Decimal(str(request.max_price_per_gpu_hour)))
+    if request.regions:
+        hosts = hosts.filter(site__region__in=request.regions)
+    if request.interconnect_mode == "required" and request.interconnect:
+        hosts = hosts.filter(fabric__kind__in=request.interconnect_kinds())
+    rows = hosts.values_list(
+        "id",
+        "provider_id",
+        "gpu_model",
+        "free_gpu_map",
+        "gpu_count",
+        "site__region",
+        "site_id",
+        "fabric_id",
+        "block_id",
+        "fabric__kind",
+        "fabric__per_host_gbytes_per_s",
+        "fabric__oversubscription",
+        "site__backbone_gbytes_per_s",
+        "price_per_gpu_hour",
+        "reliability",
+    )
+    return [_snapshot(row) for row in rows.iterator(chunk_size=5000)]
+
+
+def _snapshot(row) -> placement.HostSnapshot:
+    (
+        host_id,
+        provider_id,
+        model,
+        free_map,
+        total,
+        region,
+        site,
+        fabric,
+        block,
+        kind,
+        host_gbps,
+        oversub,
+        backbone,
+        price,
+        reliability,
+    ) = row
+    return placement.HostSnapshot(
+        host_id=str(host_id),
+        provider_id=str(provider_id),
+        gpu_model=model,
+        free_gpus=tuple(tuple(domain) for domain in free_map or ()),
+        total_gpus=total,
+        path=placement.TopologyPath(region, str(site), str(fabric), str(block)),
+        fabric_kind=kind,
+        fabric_host_gbps=host_gbps,
+        fabric_oversubscription=oversub,
+        site_backbone_gbps=backbone,
+        price_per_gpu_hour=float(price),
+        reliability=reliability,
+    )
+
+
+def measured_bandwidth() -> dict[tuple[str, str], float]:
+    """The newest measured busbw per topology domain from the last week (overrides declared figures)."""
+    since = timezone.now() - timezone.timedelta(days=MEASURED_MAX_AGE_DAYS)
+    measured: dict[tuple[str, str], float] = {}
+    for level, domain, busbw in BandwidthSample.objects.filter(measured_at__gte=since).values_list(
+        "level", "domain_id", "busbw_gbps"
+    ):
+        measured.setdefault((level, domain), busbw)  # rows come newest first
+    return measured
+
+
+def record_bandwidth_sample(
+    level: str, domain_id: str, busbw_gbps: float, nodes: int = 2, cluster: Cluster | None = None
+) -> BandwidthSample:
+    """Store a measured busbw for a domain (the verification probe calls this)."""
+    return BandwidthSample.objects.create(
+        level=level, domain_id=str(domain_id), busbw_gbps=busbw_gbps, nodes=nodes, cluster=cluster
+    )
+
+
+# --- validation --------------------------------------------------------------------------------------
+
+
+def validate_spec(spec: dict) -> placement.PlacementRequest:
+    """The engine request for `spec`, or InvalidSpec saying what to change (never a capacity problem)."""
+    request = to_request(spec)
+    problems = request.problems()
+    if not problems:
+        problems = _inventory_problems(request)
+    if problems:
+        raise InvalidSpec(problems)
+    return request
+
+
+def _inventory_problems(request: placement.PlacementRequest) -> list[str]:
+    """Compare with every host that exists (whatever its state): could this request ever be met?"""
+    live = Host.objects.exclude(state__in=[HostState.RETIRED, HostState.FAILED]).exclude(gpu_model="")
+    stats = {
+        row["gpu_model"]: row
+        for row in live.values("gpu_model").annotate(hosts=Count("id"), largest=Max("nvlink_domain_size"))
+    }
+    offered = ", ".join(sorted(stats)) or "no GPUs yet"
+    unknown = [m for m in request.models if m not in stats]
+    if unknown:
+        return [f"unknown GPU model {m!r}; the inventory offers {offered}" for m in unknown]
+    asked = request.gpus_per_node
+    if all(stats[m]["largest"] < asked for m in request.models):
+        return [
+            f"{asked} GPUs per node asked; the largest {m} host has {stats[m]['largest']} GPUs in one NVLink "
+            f"domain — ask for at most {stats[m]['largest']} per node, or more nodes"
+            for m in request.models
+        ]
+    fitting = {m: live.filter(gpu_model=m, nvlink_domain_size__gte=asked).count() for m in request.models}
+    if all(count < request.nodes for count in fitting.values()):
+        best = max(fitting.values())
+        return [
+            f"{request.nodes} nodes asked; only {best} hosts in the whole inventory can give {asked} "
+            f"{' or '.join(request.models)} GPUs in one NVLink domain"
+        ]
+    return []
+
+
+# --- preview and placement ---------------------------------------------------------------------------
+
+
+def preview(spec: dict) -> placement.Plan | placement.Refusal:
+    """Plan `spec` against free capacity now, without allocating anything."""
+    request = validate_spec(spec)
+    return _plan(request)
+
+
+def _plan(request: placement.PlacementRequest) -> placement.Plan | placement.Refusal:
+    try:
+        return placement.plan(
+            request, candidate_snapshots(request), measured_bandwidth(), validate_inventory=False
+        )
+    except placement.InvalidRequest as exc:
+        raise InvalidSpec(exc.problems) from None
+
+
+_DOMAIN = re.compile(r"\b([a-z][a-z0-9-]*)/(\d+)(?:/(\d+))?(?:/(\d+))?\b")
+
+
+def humanize(lines) -> list[str]:
+    """The engine names domains by database ids ("us-east/3/7/12"); people want "us-east/iad1/iad1-ib/r01"."""
+    lines = list(lines)
+    ids = [m.groups() for line in lines for m in _DOMAIN.finditer(line)]
+    sites = dict(Site.objects.filter(pk__in={int(g[1]) for g in ids}).values_list("pk", "name"))
+    fabrics = dict(Fabric.objects.filter(pk__in={int(g[2]) for g in ids if g[2]}).values_list("pk", "name"))
+    blocks = dict(Block.objects.filter(pk__in={int(g[3]) for g in ids if g[3]}).values_list("pk", "name"))
+
+    def name(match: re.Match) -> str:
+        region, site, fabric, block = match.groups()
+        parts = [region, sites.get(int(site), site)]
+        parts += [fabrics.get(int(fabric), fabric)] if fabric else []
+        parts += [blocks.get(int(block), block)] if block else []
+        return "/".join(parts)
+
+    return [_DOMAIN.sub(name, line) for line in lines]
+
+
+def plan_as_json(result: placement.Plan | placement.Refusal) -> dict:
+    if isinstance(result, placement.Refusal):
+        return {
+            "placed": False,
+            "reasons": humanize(result.reasons),
+            "explanation": humanize(result.explanation),
+        }
+    hosts = {
+        h.pk: h
+        for h in Host.objects.filter(pk__in=[int(i) for i in result.host_ids]).select_related(
+            "site", "fabric", "block", "provider"
+        )
+    }
+    data = asdict(result)
+    data["placed"] = True
+    data["explanation"] = humanize(result.explanation)
+    data["nodes"] = [
+        {
+            "rank": rank,
+            "host_id": int(node.host_id),
+            "gpu_indices": list(node.gpu_indices),
+            **_host_facts(hosts.get(int(node.host_id))),
+        }
+        for rank, node in enumerate(result.nodes)
+    ]
+    return data
+
+
+def _host_facts(host: Host | None) -> dict:
+    if host is None:
+        return {}
+    return {
+        "host": host.name,
+        "provider": host.provider.name,
+        "region": host.site.region,
+        "site": host.site.name,
+        "fabric": host.fabric.name,
+        "fabric_kind": host.fabric.kind,
+        "block": host.block.name,
+        "price_per_gpu_hour": str(host.price_per_gpu_hour),
+    }
+
+
+def request_cluster(team: Team, user: AbstractBaseUser, spec: dict) -> Cluster:
+    """Record a cluster request (PENDING) and queue its placement. InvalidSpec if it can never fit."""
+    validate_spec(spec)
+    with transaction.atomic():
+        cluster = Cluster.objects.create(
+            team=team,
+            created_by=user,
+            name=spec.get("name") or "cluster",
+            priority=spec.get("priority", 0),
+            spec=spec,
+        )
+        transitions.ClusterEvent.objects.create(cluster=cluster, to_status=S.PENDING, message="requested")
+        _queue_placement(cluster.pk)
+    return cluster
+
+
+def _queue_placement(cluster_id: int) -> None:
+    from clusters.tasks import place_cluster_task
+
+    transaction.on_commit(lambda: place_cluster_task.delay(cluster_id))
+
+
+def place_cluster(cluster_id: int) -> Cluster:
+    """Place a PENDING or QUEUED cluster: allocate its plan, or queue it with the binding reasons.
+
+    Idempotent: a cluster in any other status is returned unchanged.
+    """
+    cluster = Cluster.objects.get(pk=cluster_id)
+    if cluster.status not in (S.PENDING, S.QUEUED):
+        return cluster
+    try:
+        transitions.transition(cluster, S.PLACING, "placement started")
+    except IllegalTransition:
+        return Cluster.objects.get(pk=cluster_id)  # another worker got there first
+    try:
+        request = validate_spec(cluster.spec)
+    except InvalidSpec as exc:
+        return _fail(cluster, FailureReason.CONFIG_INVALID, "; ".join(exc.problems))
+    for _attempt in range(PLACEMENT_ATTEMPTS):
+        result = _plan(request)
+        if isinstance(result, placement.Refusal):
+            return _enqueue(cluster, result)
+        try:
+            return allocate(cluster, result)
+        except CapacityChanged as exc:
+            logger.info("cluster %s: %s; re-planning", cluster.pk, exc)
+    refusal = placement.Refusal(("capacity kept changing while placing; retrying from the queue",))
+    return _enqueue(cluster, refusal)
+
+
+def _enqueue(cluster: Cluster, refusal: placement.Refusal) -> Cluster:
+    reason = "; ".join(refusal.reasons) or "no capacity"
+    extra = {"queue_reason": reason, "plan": plan_as_json(refusal)}
+    if cluster.queued_at is None:
+        extra["queued_at"] = timezone.now()
+    return transitions.transition(cluster, S.QUEUED, f"waiting for capacity: {reason}", extra=extra)
+
+
+def _fail(cluster: Cluster, reason: str, message: str) -> Cluster:
+    release(cluster)
+    return transitions.transition(
+        cluster,
+        S.FAILED,
+        message,
+        extra={"failure_reason": reason, "failure_message": message, "ended_at": timezone.now()},
+    )
+
+
+class CapacityChanged(Exception):
+    """A GPU in the plan was taken between planning and allocating."""
+
+
+def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
+    """Turn a plan into allocations and move the cluster to PROVISIONING, atomically.
+
+    Raises CapacityChanged (and changes nothing) if another request took any of the plan's GPUs.
+    """
+    host_ids = sorted({int(h) for h in plan.host_ids})
+    try:
+        with transaction.atomic():
+            locked = {
+                h.pk: h for h in Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk")
+            }
+            _check_still_free(plan, locked)
+            _create_allocations(cluster, plan)
+            inventory.refresh_free_capacity(host_ids)
+            return transitions.transition(
+                cluster,
+                S.PROVISIONING,
+                _placed_message(plan),
+                extra={
+                    "plan": plan_as_json(plan),
+                    "gpu_model": plan.model,
+                    "placed_at": timezone.now(),
+                    "predicted_busbw_gbps": plan.predicted_busbw_gbps,
+                    "predicted_allreduce_s": plan.predicted_allreduce_s,
+                    "price_per_hour": Decimal(str(round(plan.price_per_hour, 2))),
+                    "queue_reason": "",
+                },
+            )
+    except IntegrityError as exc:  # the database constraint caught a race the locks did not
+        raise CapacityChanged(str(exc)) from None
+
+
+def _check_still_free(plan: placement.Plan, hosts: dict[int, Host]) -> None:
+    for node in plan.nodes:
+        host = hosts.get(int(node.host_id))
+        free = {i for domain in (host.free_gpu_map if host else []) for i in domain}
+        if host is None or host.state != HostState.AVAILABLE or not set(node.gpu_indices) <= free:
+            raise CapacityChanged(f"GPUs {list(node.gpu_indices)} of host {node.host_id} were taken")
+
+
+def _create_allocations(cluster: Cluster, plan: placement.Plan) -> None:
+    stage_of = {host: number for number, stage in enumerate(plan.stage_order) for host in stage}
+    gpu_ids = {
+        (host_id, index): pk
+        for pk, host_id, index in GPU.objects.filter(host_id__in=[int(h) for h in plan.host_ids]).values_list(
+            "pk", "host_id", "index"
+        )
+    }
+    allocations = []
+    for rank, assignment in enumerate(plan.nodes):
+        node = ClusterNode.objects.create(
+            cluster=cluster,
+            host_id=int(assignment.host_id),
+            rank=rank,
+            is_head=assignment.host_id == plan.head_host_id,
+            stage=stage_of.get(assignment.host_id),
+            gpu_indices=list(assignment.gpu_indices),
+        )
+        allocations += [
+            Allocation(cluster=cluster, node=node, gpu_id=gpu_ids[(node.host_id, i)])
+            for i in assignment.gpu_indices
+        ]
+    Allocation.objects.bulk_create(allocations)
+
+
+def _placed_message(plan: placement.Plan) -> str:
+    figures = f"predicted busbw {plan.predicted_busbw_gbps:.1f} GB/s, " if plan.predicted_busbw_gbps else ""
+    return (
+        f"placed {len(plan.nodes)} x {len(plan.nodes[0].gpu_indices)} {plan.model} within one "
+        f"{plan.spanned_level}: {figures}${plan.price_per_hour:.2f}/hour"
+    )
+
+
+def release(cluster: Cluster) -> int:
+    """Free every GPU the cluster holds, exactly once; returns how many were freed by this call."""
+    with transaction.atomic():
+        active = Allocation.objects.select_for_update().filter(cluster=cluster, active=True)
+        host_ids = sorted(set(active.values_list("gpu__host_id", flat=True)))
+        list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk"))
+        freed = active.update(active=False, released_at=timezone.now())
+        cluster.nodes.filter(released_at__isnull=True).update(released_at=timezone.now())
+        if freed:
+            inventory.refresh_free_capacity(host_ids)
+            transaction.on_commit(kick_queue)
+    return freed
+
+
+def terminate_cluster(cluster: Cluster, actor: AbstractBaseUser | None = None) -> Cluster:
+    """Cancel a waiting cluster or tear down a running one; GPUs are released exactly once."""
+    if cluster.status in (S.PENDING, S.PLACING, S.QUEUED):
+        return transitions.transition(
+            cluster, S.TERMINATED, f"cancelled by {actor or 'system'}", extra={"ended_at": timezone.now()}
+        )
+    if cluster.status not in LIVE:
+        raise IllegalTransition(cluster, cluster.status, S.TERMINATING)
+    transitions.transition(cluster, S.TERMINATING, f"terminate requested by {actor or 'system'}")
+    release(cluster)
+    return transitions.transition(cluster, S.TERMINATED, "GPUs released", extra={"ended_at": timezone.now()})
+
+
+# --- the queue ---------------------------------------------------------------------------------------
+
+
+def queued() -> QuerySet[Cluster]:
+    """Queued clusters in placement order: priority first, then first come first served."""
+    return Cluster.objects.filter(status=S.QUEUED).order_by(F("priority").desc(), "queued_at", "id")
+
+
+def queue_position(cluster: Cluster) -> int | None:
+    """1-based position in the queue, or None when not queued."""
+    if cluster.status != S.QUEUED:
+        return None
+    ahead = queued().filter(priority__gt=cluster.priority).count()
+    ahead += queued().filter(priority=cluster.priority, queued_at__lt=cluster.queued_at).count()
+    ahead += (
+        queued().filter(priority=cluster.priority, queued_at=cluster.queued_at, id__lt=cluster.pk).count()
+    )
+    return ahead + 1
+
+
+def drain_queue(limit: int = 100) -> int:
+    """Try to place queued clusters in priority then FIFO order; returns how many were placed.
+
+    A cluster that still does not fit stays queued and the next one is tried (no reservation), so a
+    small request can start while a large one waits.
+    """
+    placed = 0
+    for cluster_id in list(queued().values_list("id", flat=True)[:limit]):
+        cluster = place_cluster(cluster_id)
+        placed += cluster.status in HOLDS_GPUS
+    return placed
+
+
+def kick_queue() -> None:
+    """Ask a worker to drain the queue now (capacity changed)."""
+    from clusters.tasks import drain_queue_task
+
+    if Cluster.objects.filter(status=S.QUEUED).exists():
+        drain_queue_task.delay()
+
+
+def reap_stuck_placing(older_than_s: int = 120) -> int:
+    """PLACING past the deadline means the worker died mid-placement: queue the cluster again.
+
+    Allocation is one transaction, so a cluster still PLACING holds no GPUs and is safe to re-place.
+    """
+    deadline = timezone.now() - timezone.timedelta(seconds=older_than_s)
+    reaped = 0
+    for cluster in Cluster.objects.filter(status=S.PLACING, updated_at__lt=deadline):
+        try:
+            _enqueue(cluster, placement.Refusal(("placement was interrupted; retrying",)))
+            reaped += 1
+        except IllegalTransition:
+            continue
+    if reaped:
+        kick_queue()
+    return reaped

@@ -1,0 +1,12 @@
+from django.urls import path
+
+from clusters import views
+
+app_name = "clusters"
+urlpatterns = [
+    path("", views.cluster_list, name="list"),
+    path("new/", views.cluster_new, name="new"),
+    path("preview/", views.cluster_preview, name="preview"),
+    path("<int:pk>/", views.cluster_detail, name="detail"),
+    path("<int:pk>/terminate/", views.cluster_terminate, name="terminate"),
+]

@@ -1,0 +1,114 @@
+"""Console pages for clusters: list, request with live placement preview, detail with timeline."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from clusters import services
+from clusters.api.serializers import ClusterSpecSerializer
+from clusters.forms import ClusterForm
+from voltweb import services as accounts
+from voltweb.statemachine import IllegalTransition
+
+
+@login_required
+def cluster_list(request):
+    clusters = services.visible_clusters(request.user).select_related("team", "created_by")
+    status = request.GET.get("status")
+    if status:
+        clusters = clusters.filter(status=status)
+    page = Paginator(clusters, 25).get_page(request.GET.get("page"))
+    return render(request, "clusters/list.html", {"page": page, "status": status, "query": ""})
+
+
+def _spec_serializer(request, form: ClusterForm, needs_team=True) -> ClusterSpecSerializer:
+    payload = form.to_payload()
+    if not needs_team:
+        payload.pop("team", None)
+    serializer = ClusterSpecSerializer(data=payload, context={"request": request, "needs_team": needs_team})
+    serializer.is_valid()
+    for field, errors in serializer.errors.items():
+        form.add_error(field if field in form.fields else None, errors)
+    return serializer
+
+
+@login_required
+def cluster_new(request):
+    teams = list(accounts.teams_of(request.user))
+    form = ClusterForm(request.POST or None, teams=teams)
+    if request.method == "POST" and form.is_valid():
+        serializer = _spec_serializer(request, form)
+        if not serializer.errors:
+            data = serializer.validated_data
+            cluster = services.request_cluster(data["team"], request.user, serializer.spec(data))
+            messages.success(request, f"Cluster {cluster.name} requested; placement is running.")
+            return redirect("clusters:detail", pk=cluster.pk)
+    return render(request, "clusters/new.html", {"form": form, "teams": teams})
+
+
+@login_required
+@require_POST
+def cluster_preview(request):
+    """The live preview panel (htmx): the plan placement would make now, or why nothing fits."""
+    form = ClusterForm(request.POST, teams=list(accounts.teams_of(request.user)))
+    result, problems = None, []
+    if form.is_valid():
+        serializer = _spec_serializer(request, form, needs_team=False)
+        if not serializer.errors:
+            result = services.plan_as_json(services.preview(serializer.spec(serializer.validated_data)))
+    if result is None:
+        problems = [e for errors in form.errors.values() for e in errors]
+    return render(
+        request,
+        "clusters/_preview.html",
+        {"plan": result, "problems": problems, "topology": _topology(result)},
+    )
+
+
+def _topology(plan: dict | None) -> list[dict]:
+    """Plan nodes grouped region > site > fabric > block, for the topology view."""
+    if not plan or not plan.get("placed"):
+        return []
+    tree: dict = {}
+    for node in plan["nodes"]:
+        site = tree.setdefault((node["region"], node["site"]), {})
+        fabric = site.setdefault(node["fabric"], {})
+        fabric.setdefault(node["block"], []).append(node)
+    return [
+        {
+            "region": region,
+            "site": site,
+            "fabrics": [
+                {"name": fabric, "blocks": [{"name": b, "nodes": n} for b, n in blocks.items()]}
+                for fabric, blocks in fabrics.items()
+            ],
+        }
+        for (region, site), fabrics in tree.items()
+    ]
+
+
+@login_required
+def cluster_detail(request, pk):
+    cluster = get_object_or_404(services.visible_clusters(request.user).select_related("team"), pk=pk)
+    context = {
+        "cluster": cluster,
+        "events": cluster.events.all(),
+        "topology": _topology(cluster.plan),
+        "queue_position": services.queue_position(cluster),
+        "can_terminate": cluster.status in services.LIVE,
+    }
+    return render(request, "clusters/detail.html", context)
+
+
+@login_required
+@require_POST
+def cluster_terminate(request, pk):
+    cluster = get_object_or_404(services.visible_clusters(request.user), pk=pk)
+    try:
+        services.terminate_cluster(cluster, request.user)
+        messages.success(request, f"{cluster.name} terminated; its GPUs are free again.")
+    except IllegalTransition as exc:
+        messages.error(request, str(exc))
+    return redirect("clusters:detail", pk=pk)
