@@ -1,0 +1,598 @@
+"""Topology-aware placement (DESIGN.md "Placement"). Pure Python: no Django import.
+
+`plan(request, hosts, measured)` returns a `Plan` or a `Refusal`. The rules, in order; each one only
+breaks ties left by the ones above it:
+
+1. Hard constraints: an allowed GPU model; `gpus_per_node` free GPUs from ONE NVLink domain of the
+   host; price per GPU-hour <= the maximum; an allowed region; a required interconnect (every host
+   on one of the named fabric kinds); a required topology level L (every node inside one domain of
+   L); one node per host. Only GPUs listed as free are used.
+2. Models: `ordered` takes the first listed model that can be placed at all. `any_of` plans every
+   listed model and compares the plans by rules 3-7, so for collective workloads the best busbw
+   wins and the cheapest of those; for the others the cheapest plan wins.
+3. Interconnect `preferred`: plans on the preferred kinds first; otherwise any fabric, said so.
+4. Topology `preferred` level L (Kueue TAS): plans inside one domain of L first, then of the next
+   level up, and so on; each fall-back is said in the explanation.
+5. Collective workloads (data_parallel, tensor_pipeline, more than one node): highest predicted
+   busbw (`bandwidth.cluster_busbw_gbps`), then lowest price. Others (independent tasks, inference
+   replicas, one node): lowest price, then highest busbw.
+6. Best-fit (Slurm topology/tree, Kueue TAS): the fewest spare hosts that could still take a node
+   of this shape left in the domain the plan spans, to limit fragmentation.
+7. Highest mean reliability, then host ids (determinism).
+
+Inside a domain hosts are taken cheapest first, then the least leftover in the NVLink domain used
+(best-fit at GPU level), then the most reliable. The search tries levels finest first and works on
+per-block aggregates of an `Inventory` index; it touches single hosts only in candidate domains.
+It is exact for rules 1-5: the best busbw of any set of n hosts is the n-th largest host cap inside
+some domain at its own level (caps only shrink as levels coarsen), so evaluating each domain "as
+if" spanned at its level and taking the n cheapest hosts whose cap reaches the optimum finds both
+the optimal busbw and the lowest price among the plans that reach it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .bandwidth import Measured, allreduce_seconds, cluster_busbw_gbps, hop_gbps, level_caps_gbps
+from .types import (
+    LEVELS,
+    Constraint,
+    HostSnapshot,
+    InvalidRequest,
+    Level,
+    ModelPolicy,
+    NodeAssignment,
+    Parallelism,
+    PlacementRequest,
+    Plan,
+    Refusal,
+)
+
+# price, leftover GPUs in the NVLink domain used, -reliability, host id, NVLink domain index, group
+# ordinal, host. Tuples sort in placement's in-domain order; host ids are unique, so the comparison
+# never reaches the host object.
+_Entry = tuple[float, int, float, str, int, int, HostSnapshot]
+_GLOBAL = len(LEVELS) - 1
+_KIND_LABELS = {"infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet"}
+
+
+@dataclass(slots=True)
+class _Group:
+    """Hosts of one model in one block, with one set of fabric figures, that fit k GPUs per node."""
+
+    ordinal: int
+    host: HostSnapshot  # representative: path and fabric figures are the group's
+    keys: tuple[tuple[str, ...], ...]  # domain key at each level, finest first
+    entries: list[_Entry]
+    prices: list[float]
+    price_sums: list[float]  # price_sums[i] = sum of the i cheapest prices
+    reliability_sums: list[float]
+    declared_caps: tuple[float, ...]
+
+
+@dataclass(slots=True)
+class _Shape:
+    """The index for one (model, GPUs per node): groups, and fitting-host counts per domain."""
+
+    groups: list[_Group]
+    fit_counts: list[dict[tuple[str, ...], int]]  # per level: domain key -> hosts that fit
+
+
+class Inventory:
+    """An index of host snapshots, built once and reused by many plans.
+
+    Per (model, GPUs per node) it groups the hosts that can give that many GPUs from one NVLink
+    domain by block, sorted in placement order with prefix sums, and counts them per domain at
+    every level. Shapes are built on first use; `prepare()` builds them ahead of time.
+    """
+
+    def __init__(self, hosts: Iterable[HostSnapshot]):
+        self.hosts: dict[str, HostSnapshot] = {}
+        self._by_model: dict[str, list[HostSnapshot]] = {}
+        self._largest: dict[str, int] = {}
+        for host in hosts:
+            if host.host_id in self.hosts:
+                raise ValueError(f"host {host.host_id} appears twice in the snapshot")
+            self.hosts[host.host_id] = host
+            self._by_model.setdefault(host.gpu_model, []).append(host)
+            self._largest[host.gpu_model] = max(self._largest.get(host.gpu_model, 0), host.total_gpus)
+        self.models: tuple[str, ...] = tuple(sorted(self._by_model))  # GPU models some host offers
+        self._shapes: dict[tuple[str, int], _Shape] = {}
+
+    def largest_host_gpus(self, model: str) -> int:
+        """The most GPUs any host of `model` has (0 when none)."""
+        return self._largest.get(model, 0)
+
+    def prepare(
+        self, gpus_per_node: Iterable[int] = range(1, 9), models: Iterable[str] | None = None
+    ) -> None:
+        """Build the index for these node shapes now rather than inside the first plan."""
+        for model in self.models if models is None else models:
+            for count in gpus_per_node:
+                self.shape(model, count)
+
+    def shape(self, model: str, gpus_per_node: int) -> _Shape:
+        """The (cached) index of hosts of `model` that can give `gpus_per_node` GPUs in one domain."""
+        key = (model, gpus_per_node)
+        if key not in self._shapes:
+            self._shapes[key] = _build_shape(self._by_model.get(model, ()), gpus_per_node)
+        return self._shapes[key]
+
+
+def _entry(host: HostSnapshot, count: int) -> tuple[float, int, float, str, int] | None:
+    """Where `host` would take `count` GPUs: its smallest NVLink domain with enough free GPUs."""
+    sizes = [(len(free), index) for index, free in enumerate(host.free_gpus) if len(free) >= count]
+    if not sizes:
+        return None
+    size, index = min(sizes)
+    return (host.price_per_gpu_hour, size - count, -host.reliability, host.host_id, index)
+
+
+def _group_key(host: HostSnapshot) -> tuple:
+    """Hosts share a group when everything the bandwidth model reads from them is equal."""
+    figures = (host.fabric_kind, host.fabric_host_gbps, host.fabric_oversubscription)
+    return (host.path, *figures, host.site_backbone_gbps)
+
+
+def _build_shape(hosts: Iterable[HostSnapshot], count: int) -> _Shape:
+    partial: dict[tuple, list] = {}
+    for host in hosts:
+        found = _entry(host, count)
+        if found is not None:
+            partial.setdefault(_group_key(host), []).append((*found, host))
+    groups = [_build_group(ordinal, rows) for ordinal, rows in enumerate(partial.values())]
+    fit_counts: list[dict[tuple[str, ...], int]] = [{} for _ in LEVELS]
+    for group in groups:
+        for index, key in enumerate(group.keys):
+            fit_counts[index][key] = fit_counts[index].get(key, 0) + len(group.entries)
+    return _Shape(groups, fit_counts)
+
+
+def _build_group(ordinal: int, rows: list) -> _Group:
+    entries = sorted((p, left, rel, hid, dom, ordinal, host) for p, left, rel, hid, dom, host in rows)
+    host = entries[0][6]
+    price_sums, reliability_sums = [0.0], [0.0]
+    for entry in entries:
+        price_sums.append(price_sums[-1] + entry[0])
+        reliability_sums.append(reliability_sums[-1] - entry[2])
+    keys = tuple(host.path.domain(level) for level in LEVELS)
+    prices = [entry[0] for entry in entries]
+    return _Group(ordinal, host, keys, entries, prices, price_sums, reliability_sums, level_caps_gbps(host))
+
+
+@dataclass(slots=True)
+class _Usable:
+    """A group that passes a request's filters: how many of its hosts, and its caps per level."""
+
+    group: _Group
+    count: int
+    caps: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """One tier of the search: the interconnect kinds allowed and the coarsest level allowed."""
+
+    kinds: frozenset[str] | None
+    level_index: int
+    note: str  # what this tier gave up, for the explanation ("" for the first tier)
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """A candidate set of hosts and the figures placement ranks it by."""
+
+    entries: tuple[_Entry, ...]
+    level_index: int  # lowest common level of the hosts; -1 for a single node
+    busbw: float | None
+    price_per_hour: float
+    spare: int
+    reliability: float
+
+    def rank(self, collective: bool) -> tuple:
+        """Sort key implementing rules 5-7 of the module docstring (smaller is better)."""
+        price, bandwidth = round(self.price_per_hour, 6), -(self.busbw or 0.0)
+        head = (bandwidth, price) if collective else (price, bandwidth)
+        return (*head, self.spare, round(-self.reliability, 9), tuple(e[3] for e in self.entries))
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """The best option of one model, the tier it was found in, and how the search went."""
+
+    model: str
+    tier: int
+    option: _Option
+    notes: tuple[str, ...]
+
+
+def _scopes(request: PlacementRequest) -> list[_Scope]:
+    """Tiers in preference order: preferred interconnect first, then preferred level upward."""
+    kinds = request.interconnect_kinds()
+    ic_options: list[tuple[frozenset[str] | None, str]] = [(None, "")]
+    if request.interconnect_mode == Constraint.REQUIRED:
+        ic_options = [(kinds, "")]
+    elif request.interconnect_mode == Constraint.PREFERRED:
+        label = _interconnect_label(request)
+        ic_options = [(kinds, ""), (None, f"preferred interconnect {label} cannot fit: any fabric used")]
+    levels = [(_GLOBAL, "")]
+    if request.topology_level is not None:
+        start = LEVELS.index(Level(request.topology_level))
+        levels = [(start, "")]
+        if request.topology_mode == Constraint.PREFERRED:
+            levels += [(i, _fallback_note(request, i)) for i in range(start + 1, len(LEVELS))]
+    return [_Scope(k, i, "; ".join(filter(None, (kn, ln)))) for k, kn in ic_options for i, ln in levels]
+
+
+def _fallback_note(request: PlacementRequest, index: int) -> str:
+    wanted = f"preferred level {request.topology_level} cannot fit {request.nodes} nodes"
+    return f"{wanted}: fell back to {LEVELS[index]}"
+
+
+def _interconnect_label(request: PlacementRequest) -> str:
+    return " or ".join(_KIND_LABELS.get(name, name) for name in request.interconnect)
+
+
+def _usable_groups(
+    shape: _Shape, request: PlacementRequest, kinds: frozenset[str] | None, measured: Measured | None
+) -> list[_Usable]:
+    """The groups that pass region, interconnect and price filters, with their caps."""
+    regions, cap = set(request.regions), request.max_price_per_gpu_hour
+    usable = []
+    for group in shape.groups:
+        host = group.host
+        if (regions and host.path.region not in regions) or (
+            kinds is not None and host.fabric_kind not in kinds
+        ):
+            continue
+        count = len(group.prices) if cap is None else bisect_right(group.prices, cap)
+        if count:
+            caps = level_caps_gbps(host, measured) if measured else group.declared_caps
+            usable.append(_Usable(group, count, caps))
+    return usable
+
+
+def _by_domain(usable: list[_Usable], level_index: int) -> dict[tuple[str, ...], list[_Usable]]:
+    domains: dict[tuple[str, ...], list[_Usable]] = {}
+    for item in usable:
+        domains.setdefault(item.group.keys[level_index], []).append(item)
+    return domains
+
+
+def _threshold(members: list[_Usable], level_index: int, nodes: int) -> float:
+    """The best busbw n hosts of this domain reach spanning its level: the n-th largest cap."""
+    if len(members) == 1:
+        return members[0].caps[level_index]
+    total = 0
+    for item in sorted(members, key=lambda m: -m.caps[level_index]):
+        total += item.count
+        if total >= nodes:
+            return item.caps[level_index]
+    raise AssertionError("domain has fewer hosts than nodes")
+
+
+def _option(members: list[_Usable], shape: _Shape, nodes: int, gpus: int) -> _Option:
+    """The n cheapest hosts (placement order) of these groups, with the figures they rank by."""
+    if len(members) == 1:
+        item = members[0]
+        group = item.group
+        busbw = item.caps[0] if nodes > 1 else None
+        spare = shape.fit_counts[0][group.keys[0]] - nodes
+        price = group.price_sums[nodes] * gpus
+        return _Option(tuple(group.entries[:nodes]), 0 if nodes > 1 else -1, busbw, price, spare,
+                       group.reliability_sums[nodes] / nodes)  # fmt: skip
+    caps = {item.group.ordinal: item.caps for item in members}
+    return _option_of(_cheapest(members, nodes), caps, shape, nodes, gpus)
+
+
+def _cheapest(members: list[_Usable], nodes: int) -> tuple[_Entry, ...]:
+    """The n first entries across sorted groups. Only groups whose first entry is among the n
+    smallest first entries can contribute, so at most n groups are merged."""
+    if len(members) > nodes:
+        members = heapq.nsmallest(nodes, members, key=lambda item: item.group.entries[0])
+    pool = [entry for item in members for entry in item.group.entries[: min(nodes, item.count)]]
+    pool.sort()
+    return tuple(pool[:nodes])
+
+
+def _option_of(entries: tuple[_Entry, ...], caps: dict, shape: _Shape, nodes: int, gpus: int) -> _Option:
+    groups = {entry[5]: entry[6].path for entry in entries}
+    level = 0 if len(groups) == 1 else _lowest_common_index(list(groups.values()))
+    busbw = min(caps[ordinal][level] for ordinal in groups) if nodes > 1 else None
+    spare = shape.fit_counts[level][entries[0][6].path.domain(LEVELS[level])] - nodes
+    price = sum(entry[0] for entry in entries) * gpus
+    reliability = -sum(entry[2] for entry in entries) / nodes
+    return _Option(entries, level if nodes > 1 else -1, busbw, price, spare, reliability)
+
+
+def _lowest_common_index(paths: list) -> int:
+    for index, level in enumerate(LEVELS):
+        if len({path.domain(level) for path in paths}) == 1:
+            return index
+    return _GLOBAL
+
+
+def _best_bandwidth(usable: list[_Usable], shape: _Shape, request: PlacementRequest, top: int):
+    """Collective search: the best busbw over levels finest..top, and every domain reaching it."""
+    best, candidates, notes, skipped = -1.0, [], [], []
+    for index in range(top + 1):
+        bound = max(item.caps[index] for item in usable)
+        if bound < best:  # no domain of this level can reach what a finer level already gives
+            skipped.append(f"{LEVELS[index]} (at most {bound:g} GB/s)")
+            continue
+        domains = _by_domain(usable, index)
+        level_best, fits, short = -1.0, 0, 0
+        for members in domains.values():
+            total = sum(item.count for item in members)
+            if total < request.nodes:
+                short = max(short, total)
+                continue
+            fits, value = fits + 1, _threshold(members, index, request.nodes)
+            level_best = max(level_best, value)
+            if value > best:
+                best, candidates = value, []
+            if value == best:
+                candidates.append((index, members))
+        notes.append(_level_note(LEVELS[index], len(domains), fits, short, level_best, request.nodes))
+    if skipped:
+        notes.append(f"not tried, cannot beat {best:g} GB/s: {', '.join(skipped)}")
+    return best, candidates, notes
+
+
+def _level_note(level: str, total: int, fits: int, short: int, best: float, nodes: int) -> str:
+    if not fits:
+        largest = f"the largest has {short} usable hosts"
+        return f"{level}: none of {total} {level} domain(s) fits {nodes} nodes ({largest})"
+    others = f"; the others have at most {short} usable hosts" if short else ""
+    return f"{level}: {fits} of {total} {level} domain(s) fit {nodes} nodes, best {best:g} GB/s{others}"
+
+
+def _search(usable: list[_Usable], shape: _Shape, request: PlacementRequest, scope: _Scope):
+    """The best option inside one tier, and notes on the levels tried; (None, notes) if none fits."""
+    nodes, gpus = request.nodes, request.gpus_per_node
+    if sum(item.count for item in usable) < nodes:
+        return None, [f"only {sum(item.count for item in usable)} usable hosts; {nodes} needed"]
+    collective = request.is_collective()
+    if collective:
+        best, candidates, notes = _best_bandwidth(usable, shape, request, scope.level_index)
+        options = [
+            _option([m for m in members if m.caps[i] >= best], shape, nodes, gpus)
+            for i, members in candidates
+        ]
+    else:
+        domains = _by_domain(usable, scope.level_index).values()
+        fitting = [members for members in domains if sum(item.count for item in members) >= nodes]
+        options = [_option(members, shape, nodes, gpus) for members in fitting]
+        notes = [_cheapest_note(request, scope.level_index, len(fitting))]
+    if not options:
+        return None, notes
+    return min(options, key=lambda option: option.rank(collective)), notes
+
+
+def _cheapest_note(request: PlacementRequest, level_index: int, fitting: int) -> str:
+    why = "one node" if request.nodes == 1 else f"{request.parallelism} needs no inter-node bandwidth"
+    if level_index == _GLOBAL:
+        return f"cheapest hosts anywhere ({why})"
+    return f"cheapest hosts inside one {LEVELS[level_index]} ({why}): {fitting} {LEVELS[level_index]} domain(s) fit"
+
+
+def _place_model(inventory: Inventory, request: PlacementRequest, model: str, measured) -> _Choice | None:
+    shape = inventory.shape(model, request.gpus_per_node)
+    usable_by_kinds: dict[frozenset[str] | None, list[_Usable]] = {}
+    tried: list[str] = []
+    for tier, scope in enumerate(_scopes(request)):
+        if scope.kinds not in usable_by_kinds:
+            usable_by_kinds[scope.kinds] = _usable_groups(shape, request, scope.kinds, measured)
+        option, notes = _search(usable_by_kinds[scope.kinds], shape, request, scope)
+        lines = [f"{model}: {note}" for note in ([scope.note] if scope.note else []) + notes]
+        tried += [line for line in lines if line not in tried]  # a fall-back tier re-tries finer levels
+        if option is not None:
+            return _Choice(model, tier, option, tuple(tried))
+    return None
+
+
+def as_inventory(hosts: Inventory | Iterable[HostSnapshot]) -> Inventory:
+    """`hosts` as an Inventory (built here when a plain iterable of snapshots is given)."""
+    return hosts if isinstance(hosts, Inventory) else Inventory(hosts)
+
+
+def validate(request: PlacementRequest, hosts: Inventory | Iterable[HostSnapshot] | None = None) -> None:
+    """Raise InvalidRequest listing what is wrong with the request (and, given hosts, against them).
+
+    A model no host offers is an error; so is asking more GPUs per node than the largest host of
+    every listed model has. Too few free hosts is not an error: that is a Refusal from `plan()`.
+    """
+    problems = request.problems()
+    if hosts is not None and not problems:
+        problems = _inventory_problems(request, as_inventory(hosts))
+    if problems:
+        raise InvalidRequest(problems)
+
+
+def _inventory_problems(request: PlacementRequest, inventory: Inventory) -> list[str]:
+    offered = ", ".join(inventory.models) or "nothing"
+    unknown = [m for m in request.models if m not in inventory.models]
+    if unknown:
+        return [f"unknown GPU model '{m}': the inventory offers {offered}" for m in unknown]
+    largest = {m: inventory.largest_host_gpus(m) for m in request.models}
+    if all(size < request.gpus_per_node for size in largest.values()):
+        asked = request.gpus_per_node
+        return [
+            f"{asked} GPUs per node asked; the largest {m} host has {size}" for m, size in largest.items()
+        ]
+    return []
+
+
+def plan(
+    request: PlacementRequest,
+    hosts: Inventory | Iterable[HostSnapshot],
+    measured: Measured | None = None,
+    validate_inventory: bool = True,
+) -> Plan | Refusal:
+    """Place `request` on `hosts` (an Inventory, or snapshots to index); raise InvalidRequest.
+
+    `measured` maps ("block"|"fabric"|"site"|"region"|"global", id) to a measured busbw in GB/s
+    that replaces the declared figure of that domain.
+    """
+    inventory = as_inventory(hosts)
+    # The database layer passes only hosts with free capacity and validates the request against the
+    # whole inventory itself (validate_inventory=False): a model with no free host must queue, not 400.
+    validate(request, inventory if validate_inventory else None)
+    choices: list[_Choice] = []
+    skipped: list[str] = []
+    for model in request.models:
+        choice = _place_model(inventory, request, model, measured)
+        if choice is None:
+            skipped += _model_refusal(request, inventory, model)
+        else:
+            choices.append(choice)
+            if request.model_policy == ModelPolicy.ORDERED:
+                break
+    if not choices:
+        return Refusal(tuple(skipped))
+    best = min(choices, key=lambda c: (c.tier, c.option.rank(request.is_collective())))
+    return _to_plan(request, best, measured, _model_notes(request, choices, best, skipped))
+
+
+def _model_notes(
+    request: PlacementRequest, choices: list[_Choice], best: _Choice, skipped: list[str]
+) -> list[str]:
+    notes = [*best.notes, *(f"skipped: {reason}" for reason in skipped)]
+    if request.model_policy == ModelPolicy.ORDERED and skipped:
+        notes.append(f"ordered: {best.model} is the first listed model that can be placed")
+    if len(choices) > 1:
+        figures = "; ".join(f"{c.model} {_figures(c.option)}" for c in choices)
+        notes.append(f"any_of: {figures} -> {best.model}")
+    return notes
+
+
+def _figures(option: _Option) -> str:
+    bandwidth = f"{option.busbw:g} GB/s, " if option.busbw is not None else ""
+    return f"{bandwidth}${option.price_per_hour:.2f}/h"
+
+
+def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | None, notes: list[str]) -> Plan:
+    """Turn the chosen option into a Plan: nodes in topology order, head, figures, explanation."""
+    entries = sorted(choice.option.entries, key=lambda e: (e[6].path.domain(Level.BLOCK), e[3]))
+    hosts = [entry[6] for entry in entries]
+    busbw = cluster_busbw_gbps(hosts, measured)
+    level = LEVELS[choice.option.level_index] if busbw is not None else None
+    seconds = None
+    explanation = [*notes, _chosen_note(request, choice, hosts, busbw, level)]
+    if busbw is not None and level is not None:
+        seconds = allreduce_seconds(request.reference_gradient_bytes, len(hosts), busbw, level)
+        gigabytes = request.reference_gradient_bytes / 1e9
+        explanation.append(f"predicted ring all-reduce of a {gigabytes:g} GB gradient: {seconds:.4g} s")
+    stages = _stage_order(request, hosts)
+    explanation += _pipeline_notes(stages, {host.host_id: host for host in hosts}, measured)
+    return Plan(
+        model=choice.model,
+        nodes=tuple(_node(entry, request.gpus_per_node) for entry in entries),
+        head_host_id=max(hosts, key=lambda host: host.reliability).host_id,
+        spanned_level=str(level) if level is not None else "host",
+        spanned_domain=hosts[0].path.domain(level) if level is not None else (hosts[0].host_id,),
+        predicted_busbw_gbps=busbw,
+        predicted_allreduce_s=seconds,
+        price_per_hour=round(choice.option.price_per_hour, 6),
+        explanation=tuple(explanation),
+        stage_order=stages,
+    )
+
+
+def _node(entry: _Entry, gpus: int) -> NodeAssignment:
+    """The lowest free indices of the NVLink domain the index chose for this host."""
+    host, domain = entry[6], entry[4]
+    return NodeAssignment(host.host_id, tuple(sorted(host.free_gpus[domain])[:gpus]))
+
+
+def _chosen_note(request: PlacementRequest, choice: _Choice, hosts: list, busbw: float | None, level) -> str:
+    option, shape = choice.option, f"{request.nodes} x {request.gpus_per_node} {choice.model}"
+    price = f"${option.price_per_hour:.2f}/h"
+    if busbw is None:
+        return f"chosen: host {hosts[0].host_id} for {shape} at {price} (one node: no inter-node all-reduce)"
+    domain = "/".join(hosts[0].path.domain(level)) or "all regions"
+    return (
+        f"chosen: {level} {domain} for {shape}: predicted busbw {busbw:g} GB/s, {price}, "
+        f"best-fit leaves {option.spare} spare host(s) that fit this node shape there"
+    )
+
+
+def _stage_order(request: PlacementRequest, hosts: list[HostSnapshot]) -> tuple[tuple[str, ...], ...]:
+    """Pipeline stages over hosts already sorted by topology path: each domain is one contiguous
+    run, so the chain crosses every slow boundary once and nodes of a stage sit together."""
+    if request.parallelism != Parallelism.TENSOR_PIPELINE or len(hosts) < 2:
+        return ()
+    per_stage = len(hosts) // (request.pipeline_stages or len(hosts))
+    ids = [host.host_id for host in hosts]
+    return tuple(tuple(ids[i : i + per_stage]) for i in range(0, len(ids), per_stage))
+
+
+def _pipeline_notes(stages, by_id: dict[str, HostSnapshot], measured: Measured | None) -> list[str]:
+    if len(stages) < 2:
+        return []
+    hops: dict[tuple[str, float], int] = {}
+    for before, after in zip(stages, stages[1:], strict=False):
+        hop = hop_gbps(by_id[before[-1]], by_id[after[0]], measured)
+        hops[hop] = hops.get(hop, 0) + 1
+    listed = ", ".join(f"{n} within one {level} ({gbps:g} GB/s)" for (level, gbps), n in sorted(hops.items()))
+    order = " -> ".join("+".join(stage) for stage in stages)
+    return [f"pipeline: {len(stages)} stages in order {order}; hops: {listed}"]
+
+
+def _model_refusal(request: PlacementRequest, inventory: Inventory, model: str) -> list[str]:
+    """The binding constraint for `model`, with numbers: the first filter that leaves too few hosts."""
+    rows = [(group, len(group.entries)) for group in inventory.shape(model, request.gpus_per_node).groups]
+    gpus = "GPU" if request.gpus_per_node == 1 else "GPUs"
+    subject = f"with {request.gpus_per_node} free {model} {gpus} in one NVLink domain"
+    for qualifier, step in _funnel(request):
+        kept = step(rows)
+        count = sum(count for _, count in kept)
+        if count < request.nodes:
+            return [_shortfall(request, count, subject, qualifier, rows)]
+        rows, subject = kept, subject + qualifier
+    if request.topology_level is None or request.topology_mode != Constraint.REQUIRED:
+        return [f"{model}: no plan found"]  # unreachable: the funnel covers every hard constraint
+    return [_topology_shortfall(request, rows, subject)]
+
+
+def _funnel(request: PlacementRequest) -> list[tuple[str, object]]:
+    steps: list[tuple[str, object]] = [("", lambda rows: rows)]
+    if request.regions:
+        regions = set(request.regions)
+        where = f" in {'/'.join(request.regions)}"
+        steps.append((where, lambda rows: [(g, c) for g, c in rows if g.host.path.region in regions]))
+    if request.max_price_per_gpu_hour is not None:
+        cap = request.max_price_per_gpu_hour
+        priced = f" at or under ${cap:.2f}/GPU-hour"
+        steps.append((priced, lambda rows: [(g, bisect_right(g.prices, cap)) for g, _ in rows]))
+    if request.interconnect_mode == Constraint.REQUIRED:
+        kinds, label = request.interconnect_kinds(), f" on {_interconnect_label(request)}"
+        steps.append((label, lambda rows: [(g, c) for g, c in rows if g.host.fabric_kind in kinds]))
+    return steps
+
+
+def _shortfall(request: PlacementRequest, count: int, subject: str, qualifier: str, before: list) -> str:
+    hosts = "host" if count == 1 else "hosts"
+    if count == 0 and qualifier.startswith(" at or under"):
+        cheapest = min((g.prices[0] for g, c in before if c), default=None)
+        asks = f" (the cheapest asks ${cheapest:.2f})" if cheapest is not None else ""
+        return f"no host {subject} is offered{qualifier}{asks}; {request.nodes} needed"
+    if count == 0:
+        return f"no host {subject}{qualifier}; {request.nodes} needed"
+    return f"only {count} {hosts} {subject}{qualifier}; {request.nodes} needed"
+
+
+def _topology_shortfall(request: PlacementRequest, rows: list, subject: str) -> str:
+    level = Level(request.topology_level)
+    index = LEVELS.index(level)
+    counts: dict[tuple[str, ...], int] = {}
+    for group, count in rows:
+        counts[group.keys[index]] = counts.get(group.keys[index], 0) + count
+    domain, best = max(counts.items(), key=lambda item: (item[1], item[0]))
+    verb = "shares" if best == 1 else "share"
+    hosts = "host" if best == 1 else "hosts"
+    where = "/".join(domain)
+    return f"only {best} {hosts} {subject} {verb} one {level} (most in {where}); {request.nodes} needed"
