@@ -6,13 +6,15 @@ of Northwind), omar (provider admin of Helios), root (platform admin).
 
 from __future__ import annotations
 
+import itertools
 from decimal import Decimal
 
 import pytest
 from rest_framework.test import APIClient
 
 from inventory import services
-from inventory.choices import DriverKind, FabricKind
+from inventory.choices import DriverKind, FabricKind, HostState
+from inventory.models import GPU, Host
 from voltweb import services as accounts
 from voltweb.celery import app as celery_app
 from voltweb.choices import TeamRole
@@ -136,6 +138,49 @@ def add_local_host():
         return services.onboard_host(host.pk) if onboard else host
 
     return add
+
+
+_serial = itertools.count(1)
+
+
+@pytest.fixture
+def make_host():
+    """An available host with healthy GPUs (one NVLink domain unless `domains` splits them)."""
+
+    def make(block, model="H100", gpus=8, price="2.50", name=None, domains=1, state=HostState.AVAILABLE):
+        fabric = block.fabric
+        number = next(_serial)
+        host = Host.objects.create(
+            provider=fabric.provider,
+            name=name or f"{model.lower().replace(' ', '')}-{number}",
+            site=fabric.site,
+            fabric=fabric,
+            block=block,
+            driver=DriverKind.SSH,
+            address=f"10.9.{number // 250}.{number % 250}",
+            state=state,
+            price_per_gpu_hour=Decimal(price),
+            gpu_model=model,
+            gpu_count=gpus,
+            nvlink_domain_size=gpus // domains,
+        )
+        per_domain = gpus // domains
+        GPU.objects.bulk_create(
+            GPU(
+                host=host,
+                index=i,
+                uuid=f"GPU-{number}-{i}",
+                model=model,
+                name=model,
+                nvlink_domain=i // per_domain,
+            )
+            for i in range(gpus)
+        )
+        services.refresh_free_capacity([host.pk])
+        host.refresh_from_db()
+        return host
+
+    return make
 
 
 def api_client(user=None, token: str | None = None) -> APIClient:
