@@ -91,15 +91,15 @@ class Inventory:
 
     def __init__(self, hosts: Iterable[HostSnapshot]):
         self.hosts: dict[str, HostSnapshot] = {}
-        self._by_model: dict[str, list[HostSnapshot]] = {}
+        self._blocks: dict[str, dict[tuple, list[HostSnapshot]]] = {}  # model -> group key -> hosts
         self._largest: dict[str, int] = {}
         for host in hosts:
             if host.host_id in self.hosts:
                 raise ValueError(f"host {host.host_id} appears twice in the snapshot")
             self.hosts[host.host_id] = host
-            self._by_model.setdefault(host.gpu_model, []).append(host)
+            self._blocks.setdefault(host.gpu_model, {}).setdefault(_group_key(host), []).append(host)
             self._largest[host.gpu_model] = max(self._largest.get(host.gpu_model, 0), host.total_gpus)
-        self.models: tuple[str, ...] = tuple(sorted(self._by_model))  # GPU models some host offers
+        self.models: tuple[str, ...] = tuple(sorted(self._blocks))  # GPU models some host offers
         self._shapes: dict[tuple[str, int], _Shape] = {}
 
     def largest_host_gpus(self, model: str) -> int:
@@ -118,17 +118,8 @@ class Inventory:
         """The (cached) index of hosts of `model` that can give `gpus_per_node` GPUs in one domain."""
         key = (model, gpus_per_node)
         if key not in self._shapes:
-            self._shapes[key] = _build_shape(self._by_model.get(model, ()), gpus_per_node)
+            self._shapes[key] = _build_shape(self._blocks.get(model, {}).values(), gpus_per_node)
         return self._shapes[key]
-
-
-def _entry(host: HostSnapshot, count: int) -> tuple[float, int, float, str, int] | None:
-    """Where `host` would take `count` GPUs: its smallest NVLink domain with enough free GPUs."""
-    sizes = [(len(free), index) for index, free in enumerate(host.free_gpus) if len(free) >= count]
-    if not sizes:
-        return None
-    size, index = min(sizes)
-    return (host.price_per_gpu_hour, size - count, -host.reliability, host.host_id, index)
 
 
 def _group_key(host: HostSnapshot) -> tuple:
@@ -137,13 +128,27 @@ def _group_key(host: HostSnapshot) -> tuple:
     return (host.path, *figures, host.site_backbone_gbps)
 
 
-def _build_shape(hosts: Iterable[HostSnapshot], count: int) -> _Shape:
-    partial: dict[tuple, list] = {}
+def _entries(hosts: list[HostSnapshot], count: int, ordinal: int) -> list[_Entry]:
+    """Each host's place for `count` GPUs: its smallest NVLink domain with enough free GPUs."""
+    entries = []
     for host in hosts:
-        found = _entry(host, count)
-        if found is not None:
-            partial.setdefault(_group_key(host), []).append((*found, host))
-    groups = [_build_group(ordinal, rows) for ordinal, rows in enumerate(partial.values())]
+        best_size, best_index = 0, -1
+        for index, free in enumerate(host.free_gpus):
+            size = len(free)
+            if size >= count and (best_index < 0 or size < best_size):
+                best_size, best_index = size, index
+        if best_index >= 0:
+            rank = (host.price_per_gpu_hour, best_size - count, -host.reliability, host.host_id)
+            entries.append((*rank, best_index, ordinal, host))
+    return entries
+
+
+def _build_shape(blocks: Iterable[list[HostSnapshot]], count: int) -> _Shape:
+    groups: list[_Group] = []
+    for hosts in blocks:
+        entries = _entries(hosts, count, len(groups))
+        if entries:
+            groups.append(_build_group(entries))
     fit_counts: list[dict[tuple[str, ...], int]] = [{} for _ in LEVELS]
     for group in groups:
         for index, key in enumerate(group.keys):
@@ -151,8 +156,8 @@ def _build_shape(hosts: Iterable[HostSnapshot], count: int) -> _Shape:
     return _Shape(groups, fit_counts)
 
 
-def _build_group(ordinal: int, rows: list) -> _Group:
-    entries = sorted((p, left, rel, hid, dom, ordinal, host) for p, left, rel, hid, dom, host in rows)
+def _build_group(entries: list[_Entry]) -> _Group:
+    entries.sort()
     host = entries[0][6]
     price_sums, reliability_sums = [0.0], [0.0]
     for entry in entries:
@@ -160,7 +165,8 @@ def _build_group(ordinal: int, rows: list) -> _Group:
         reliability_sums.append(reliability_sums[-1] - entry[2])
     keys = tuple(host.path.domain(level) for level in LEVELS)
     prices = [entry[0] for entry in entries]
-    return _Group(ordinal, host, keys, entries, prices, price_sums, reliability_sums, level_caps_gbps(host))
+    caps = level_caps_gbps(host)
+    return _Group(entries[0][5], host, keys, entries, prices, price_sums, reliability_sums, caps)
 
 
 @dataclass(slots=True)
