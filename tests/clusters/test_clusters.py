@@ -86,7 +86,7 @@ def test_request_that_does_not_fit_now_queues_with_reason_and_position(alice, ra
 def test_terminating_frees_gpus_and_places_the_queue_in_priority_order(alice, rack, client_for, committed):
     client = client_for(alice)
     first = request(client, committed, nodes=4)
-    low = request(client, committed, nodes=2, name="low", priority=0)
+    request(client, committed, nodes=2, name="low", priority=0)
     high = request(client, committed, nodes=2, name="high", priority=10)
     assert Cluster.objects.get(pk=high.pk).status == "queued"
 
