@@ -26,11 +26,13 @@ class HostFilter(django_filters.FilterSet):
         method="filter_interconnect",
         help_text="A family (infiniband, roce, ethernet) or a fabric kind (ib_ndr, eth_100g, ...).",
     )
-    min_free_gpus = django_filters.NumberFilter(field_name="free_gpus", lookup_expr="gte", min_value=0)
-    max_price = django_filters.NumberFilter(
-        field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0, label="Max price per GPU-hour"
+    min_free_gpus = django_filters.NumberFilter(
+        field_name="free_gpus", lookup_expr="gte", min_value=0, label="Min free GPUs"
     )
-    state = django_filters.ChoiceFilter(choices=HostState.choices)
+    max_price = django_filters.NumberFilter(
+        field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0, label="Max $ / GPU-hour"
+    )
+    state = django_filters.ChoiceFilter(choices=HostState.choices, label="State", empty_label="Any")
     provider = django_filters.CharFilter(field_name="provider__slug")
     q = django_filters.CharFilter(method="filter_search", label="Search")
 
@@ -59,11 +61,17 @@ class HostFilter(django_filters.FilterSet):
 class OfferFilter(django_filters.FilterSet):
     """Narrows the hosts before aggregation into offers."""
 
-    model = django_filters.CharFilter(field_name="gpu_model", lookup_expr="iexact")
-    region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact")
-    interconnect = django_filters.ChoiceFilter(choices=INTERCONNECT_CHOICES, method="filter_interconnect")
-    min_free_gpus = django_filters.NumberFilter(field_name="free_gpus", lookup_expr="gte", min_value=0)
-    max_price = django_filters.NumberFilter(field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0)
+    model = django_filters.CharFilter(field_name="gpu_model", lookup_expr="iexact", label="GPU model")
+    region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact", label="Region")
+    interconnect = django_filters.ChoiceFilter(
+        choices=INTERCONNECT_CHOICES, method="filter_interconnect", label="Interconnect", empty_label="Any"
+    )
+    min_free_gpus = django_filters.NumberFilter(
+        field_name="free_gpus", lookup_expr="gte", min_value=0, label="Min free GPUs on a host"
+    )
+    max_price = django_filters.NumberFilter(
+        field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0, label="Max $ / GPU-hour"
+    )
 
     class Meta:
         model = Host

@@ -27,6 +27,7 @@ from inventory.choices import (
     GpuHealth,
     HostEventKind,
     HostState,
+    OnboardingError,
     ProviderStatus,
 )
 from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
@@ -322,7 +323,7 @@ def _fail_onboarding(host: Host, code: str, message: str) -> Host:
         return transitions.transition_host(
             host,
             HostState.FAILED,
-            reason=message,
+            reason=f"onboarding failed: {OnboardingError(code).label if code in OnboardingError.values else code}",
             extra={"error_code": code, "error_message": message, "free_gpus": 0, "free_gpu_map": []},
         )
 
@@ -396,12 +397,12 @@ def _event(host: Host, kind: str, message: str) -> None:
 
 # --- hosts: lifecycle actions by provider admins -----------------------------------------------------
 
-HOST_ACTIONS = {
+HOST_ACTIONS = {  # in the order the console shows the buttons; the destructive one last
+    "rediscover": HostState.ONBOARDING,
+    "uncordon": HostState.AVAILABLE,
     "drain": HostState.DRAINING,
     "cordon": HostState.CORDONED,
-    "uncordon": HostState.AVAILABLE,
     "retire": HostState.RETIRED,
-    "rediscover": HostState.ONBOARDING,
 }
 
 
@@ -450,6 +451,10 @@ def interconnect_kinds(value: str) -> set[str]:
     return set(INTERCONNECT_FAMILIES.get(value, {value}))
 
 
+def _cents(value) -> Decimal | None:
+    return None if value is None else Decimal(value).quantize(Decimal("0.01"))
+
+
 def offers(hosts: QuerySet[Host]) -> list[dict]:
     """Free capacity aggregated by GPU model x region x fabric kind, cheapest first."""
     rows = (
@@ -476,8 +481,9 @@ def offers(hosts: QuerySet[Host]) -> list[dict]:
             "hosts": r["host_count"],
             "hosts_with_free_gpus": r["hosts_with_free"],
             "max_free_gpus_per_host": r["max_free_per_host"] or 0,
-            "min_price_per_gpu_hour": r["min_price"],
-            "max_price_per_gpu_hour": r["max_price"],
+            # SQLite returns aggregated decimals unrounded (0.390000000000000).
+            "min_price_per_gpu_hour": _cents(r["min_price"]),
+            "max_price_per_gpu_hour": _cents(r["max_price"]),
         }
         for r in rows
     ]

@@ -241,7 +241,7 @@ def host_new(request, slug):
             for field, errors in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errors)
         else:
-            messages.success(request, f"{host.name} added; discovery is running.")
+            messages.success(request, f"{host.name} added and onboarding started; this page follows it live.")
             return redirect("inventory:host", pk=host.pk)
     return render(request, "inventory/host_form.html", {"form": form, "provider": provider})
 

@@ -216,6 +216,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "FabricKindEnum": "inventory.choices.FabricKind",
         "HostEventKindEnum": "inventory.choices.HostEventKind",
+        "ConstraintModeEnum": "clusters.choices.ConstraintMode",
     },
     "SWAGGER_UI_DIST": "SIDECAR",  # served by the app: no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
