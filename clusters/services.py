@@ -76,17 +76,19 @@ def to_request(spec: dict) -> placement.PlacementRequest:
     return placement.PlacementRequest(**fields)
 
 
-def candidate_snapshots(request: placement.PlacementRequest) -> list[placement.HostSnapshot]:
-    """Offerable hosts that could give one node of `request` (hard filters pushed into SQL)."""
+def candidate_snapshots(
+    request: placement.PlacementRequest, narrow: bool = True
+) -> list[placement.HostSnapshot]:
+    """Offerable hosts that could give one node of `request`.
+
+    `narrow` pushes the hard price / region / interconnect filters into SQL (fast); without it the
+    engine sees those hosts too and can name the constraint that binds in a refusal.
+    """
     hosts = inventory.offerable_hosts().filter(
         gpu_model__in=request.models, free_gpus__gte=request.gpus_per_node
     )
-    if request.max_price_per_gpu_hour is not None:
-        hosts = hosts.filter(price_per_gpu_hour__lte=Decimal(str(request.max_price_per_gpu_hour)))
-    if request.regions:
-        hosts = hosts.filter(site__region__in=request.regions)
-    if request.interconnect_mode == "required" and request.interconnect:
-        hosts = hosts.filter(fabric__kind__in=request.interconnect_kinds())
+    if narrow:
+        hosts = _hard_filters(hosts, request)
     rows = hosts.values_list(
         "id",
         "provider_id",
@@ -105,6 +107,16 @@ def candidate_snapshots(request: placement.PlacementRequest) -> list[placement.H
         "reliability",
     )
     return [_snapshot(row) for row in rows.iterator(chunk_size=5000)]
+
+
+def _hard_filters(hosts: QuerySet[Host], request: placement.PlacementRequest) -> QuerySet[Host]:
+    if request.max_price_per_gpu_hour is not None:
+        hosts = hosts.filter(price_per_gpu_hour__lte=Decimal(str(request.max_price_per_gpu_hour)))
+    if request.regions:
+        hosts = hosts.filter(site__region__in=request.regions)
+    if request.interconnect_mode == "required" and request.interconnect:
+        hosts = hosts.filter(fabric__kind__in=request.interconnect_kinds())
+    return hosts
 
 
 def _snapshot(row) -> placement.HostSnapshot:
@@ -213,10 +225,13 @@ def preview(spec: dict) -> placement.Plan | placement.Refusal:
 
 
 def _plan(request: placement.PlacementRequest) -> placement.Plan | placement.Refusal:
+    measured = measured_bandwidth()
     try:
-        return placement.plan(
-            request, candidate_snapshots(request), measured_bandwidth(), validate_inventory=False
-        )
+        result = placement.plan(request, candidate_snapshots(request), measured, validate_inventory=False)
+        if isinstance(result, placement.Refusal):  # rare: look again with every host to explain why
+            wide = candidate_snapshots(request, narrow=False)
+            result = placement.plan(request, wide, measured, validate_inventory=False)
+        return result
     except placement.InvalidRequest as exc:
         raise InvalidSpec(exc.problems) from None
 

@@ -1,0 +1,84 @@
+"""The cluster console: request form with live placement preview, detail page, terminate."""
+
+import pytest
+
+from clusters.models import Cluster
+
+pytestmark = pytest.mark.django_db
+
+FORM = {
+    "name": "llama-ft",
+    "team": "lab-a",
+    "nodes": "2",
+    "gpus_per_node": "8",
+    "gpu_models": ["H100"],
+    "model_policy": "any_of",
+    "parallelism": "data_parallel",
+    "interconnect": "infiniband",
+    "interconnect_mode": "preferred",
+    "topology_level": "",
+    "topology_mode": "preferred",
+    "regions": "",
+    "max_price_per_gpu_hour": "",
+    "priority": "0",
+}
+
+
+def test_preview_panel_shows_hosts_bandwidth_and_price(client, alice, rack):
+    client.force_login(alice)
+    page = client.post("/clusters/preview/", FORM).content.decode()
+    assert "400.0 GB/s" in page and "$38.40/hour" in page  # r02's two cheaper hosts, best fit
+    assert "block r02" in page
+    assert not Cluster.objects.exists()
+
+
+def test_preview_panel_shows_refusal_reasons_when_nothing_fits(client, alice, rack):
+    client.force_login(alice)
+    page = client.post("/clusters/preview/", FORM | {"max_price_per_gpu_hour": "1.00"}).content.decode()
+    assert "Nothing fits right now" in page and "$1.00" in page
+
+
+def test_preview_panel_lists_what_to_fix(client, alice, rack):
+    client.force_login(alice)
+    page = client.post("/clusters/preview/", FORM | {"gpus_per_node": "9"}).content.decode()
+    assert "Fix the request" in page and "largest H100 host has 8" in page
+
+
+def test_request_form_creates_cluster_and_detail_shows_placement(client, alice, rack, committed):
+    client.force_login(alice)
+    with committed():
+        response = client.post("/clusters/new/", FORM)
+    cluster = Cluster.objects.get(name="llama-ft")
+    assert response.status_code == 302 and response.url == f"/clusters/{cluster.pk}/"
+    page = client.get(response.url).content.decode()
+    assert "Provisioning" in page and "400.0 GB/s" in page
+    assert "pending → placing" in page and "placing → provisioning" in page
+
+
+def test_request_form_errors_inline(client, alice, rack):
+    client.force_login(alice)
+    response = client.post("/clusters/new/", FORM | {"nodes": "0", "gpu_models": []})
+    assert response.status_code == 200
+    assert {"nodes", "gpu_models"} <= set(response.context["form"].errors)
+    assert not Cluster.objects.exists()
+
+
+def test_queued_cluster_page_shows_position_and_cancel(client, alice, rack, committed):
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM | {"nodes": "5", "name": "all"})
+        client.post("/clusters/new/", FORM | {"name": "waiting"})
+    waiting = Cluster.objects.get(name="waiting")
+    page = client.get(f"/clusters/{waiting.pk}/").content.decode()
+    assert "Queued, position 1" in page and "Cancel request" in page
+    client.post(f"/clusters/{waiting.pk}/terminate/")
+    assert Cluster.objects.get(pk=waiting.pk).status == "terminated"
+
+
+def test_other_team_cannot_open_cluster_page(client, alice, bob, rack, committed):
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM, follow=True)
+    client.force_login(bob)
+    assert client.get(f"/clusters/{Cluster.objects.get().pk}/").status_code == 404
+    assert "llama-ft" not in client.get("/clusters/").content.decode()
