@@ -6,9 +6,8 @@ from django.db.models import Q
 from inventory.choices import INTERCONNECT_FAMILIES, FabricKind, GpuHealth, HostState
 from inventory.models import GPU, Host
 
-INTERCONNECT_CHOICES = [
-    (family, family.title() if family != "roce" else "RoCE") for family in INTERCONNECT_FAMILIES
-]
+_FAMILY_LABELS = {"infiniband": "InfiniBand (any)", "roce": "RoCE", "ethernet": "Ethernet (any)"}
+INTERCONNECT_CHOICES = [(family, _FAMILY_LABELS.get(family, family)) for family in INTERCONNECT_FAMILIES]
 INTERCONNECT_CHOICES += list(FabricKind.choices)
 
 
@@ -19,11 +18,13 @@ def _filter_interconnect(queryset, field_prefix, value):
 
 class HostFilter(django_filters.FilterSet):
     model = django_filters.CharFilter(field_name="gpu_model", lookup_expr="iexact", label="GPU model")
-    region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact")
-    site = django_filters.CharFilter(field_name="site__name", lookup_expr="iexact")
+    region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact", label="Region")
+    site = django_filters.CharFilter(field_name="site__name", lookup_expr="iexact", label="Site")
     interconnect = django_filters.ChoiceFilter(
         choices=INTERCONNECT_CHOICES,
         method="filter_interconnect",
+        label="Interconnect",
+        empty_label="Any",
         help_text="A family (infiniband, roce, ethernet) or a fabric kind (ib_ndr, eth_100g, ...).",
     )
     min_free_gpus = django_filters.NumberFilter(
