@@ -5,8 +5,10 @@ Views, API viewsets and tasks call these functions; nothing else writes inventor
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
@@ -79,7 +82,16 @@ def visible_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
 
 
 def visible_gpus(user: AbstractBaseUser) -> QuerySet[GPU]:
-    return GPU.objects.filter(host__in=visible_hosts(user))
+    """GPUs of the hosts `visible_hosts` gives, filtered through the GPU's own join.
+
+    (A `host__in=<subquery>` form made PostgreSQL probe the subquery per GPU: 2.5x slower at 100k hosts.)
+    """
+    if is_platform_admin(user):
+        return GPU.objects.all()
+    mine = Q(host__provider_id__in=managed_provider_ids(user))
+    if is_researcher(user):
+        mine |= Q(host__state=HostState.AVAILABLE, host__provider__status=ProviderStatus.APPROVED)
+    return GPU.objects.filter(mine)
 
 
 def offerable_hosts() -> QuerySet[Host]:
@@ -469,7 +481,7 @@ def offers(hosts: QuerySet[Host]) -> list[dict]:
             min_price=Min("price_per_gpu_hour"),
             max_price=Max("price_per_gpu_hour"),
         )
-        .order_by("min_price", "gpu_model", "site__region")
+        .order_by("min_price", "gpu_model", "site__region", "fabric__kind")
     )
     return [
         {
@@ -579,6 +591,42 @@ def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink:
     return spec
 
 
+CAPACITY_VERSION_KEY = "inventory:capacity-version"
+OFFERS_CACHE_S = 5
+
+
+def bump_capacity_version() -> None:
+    """Invalidate cached offers: now (this transaction's readers) and again after commit."""
+
+    def bump() -> None:
+        try:
+            cache.incr(CAPACITY_VERSION_KEY)
+        except ValueError:  # missing (or not a number): any new value invalidates
+            cache.set(CAPACITY_VERSION_KEY, time.time_ns(), None)
+
+    bump()
+    transaction.on_commit(bump)
+
+
+def cached_offers(hosts: QuerySet[Host], user: AbstractBaseUser, query: str) -> list[dict]:
+    """`offers(hosts)`, cached for a few seconds per caller view and query, dropped on any capacity change.
+
+    Aggregating ~100k hosts costs ~100 ms; the console and CI poll offers far more often than capacity
+    changes. The key holds the capacity version, so a change is visible at once, not after the TTL.
+    """
+    version = cache.get_or_set(CAPACITY_VERSION_KEY, 1, None)
+    view = (
+        "all" if is_platform_admin(user) else "researcher" if is_researcher(user) else "provider",
+        tuple(sorted(managed_provider_ids(user))),
+    )
+    key = "inventory:offers:" + hashlib.sha256(repr((version, view, query)).encode()).hexdigest()
+    rows = cache.get(key)
+    if rows is None:
+        rows = offers(hosts)
+        cache.set(key, rows, OFFERS_CACHE_S)
+    return rows
+
+
 def refresh_free_capacity(host_ids: list[int]) -> None:
     """Recompute free_gpus and free_gpu_map from healthy GPUs that no active allocation holds.
 
@@ -597,3 +645,4 @@ def refresh_free_capacity(host_ids: list[int]) -> None:
     for host_id, domains in free.items():
         free_map = [domains[d] for d in sorted(domains)]
         Host.objects.filter(pk=host_id).update(free_gpu_map=free_map, free_gpus=sum(len(d) for d in free_map))
+    bump_capacity_version()

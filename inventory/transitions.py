@@ -72,7 +72,11 @@ def transition_host(
     def announce() -> None:
         realtime.broadcast(f"host-{host.pk}", {"kind": "state", "state": host.state, "reason": reason})
 
-    return statemachine.apply(host, to, HOST_TRANSITIONS, extra=extra, record=record, after_commit=announce)
+    from inventory.services import bump_capacity_version  # services import this module
+
+    moved = statemachine.apply(host, to, HOST_TRANSITIONS, extra=extra, record=record, after_commit=announce)
+    bump_capacity_version()  # a host entering or leaving AVAILABLE changes the offers
+    return moved
 
 
 def transition_provider(provider: Provider, to: str, extra: dict | None = None) -> Provider:

@@ -7,6 +7,7 @@ of Northwind), omar (provider admin of Helios), root (platform admin).
 from __future__ import annotations
 
 import itertools
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -24,6 +25,16 @@ from voltweb.choices import TeamRole
 def _isolated_data_dir(settings, tmp_path):
     """Each test gets its own folder for local host sandboxes."""
     settings.VOLT_DATA_DIR = tmp_path / "data"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_offers_cache():
+    """Cached offers from an earlier (rolled back) test must not answer this one."""
+    from django.core.cache import cache
+
+    from inventory.services import CAPACITY_VERSION_KEY
+
+    cache.set(CAPACITY_VERSION_KEY, uuid.uuid4().int >> 66, None)
 
 
 @pytest.fixture

@@ -127,9 +127,10 @@ def hop_gbps(a: HostSnapshot, b: HostSnapshot, measured: Measured | None = None)
     return level, min(level_caps_gbps(a, measured)[index], level_caps_gbps(b, measured)[index])
 
 
-def describe_level_sources(hosts: Iterable[HostSnapshot], level: Level, measured: Measured | None) -> str:
-    """'measured' when a sample covers the spanned domain of these hosts, else 'declared'."""
+def describe_level_sources(hosts: Iterable[HostSnapshot], level: str, measured: Measured | None) -> str:
+    """'measured' when a sample covers a domain of these hosts up to `level`, else 'declared'."""
     if not measured:
         return "declared"
-    keys = {measured_key(host, lvl) for host in hosts for lvl in LEVELS[: LEVELS.index(level) + 1]}
+    levels = LEVELS[: LEVELS.index(Level(level)) + 1]
+    keys = {measured_key(host, lvl) for host in hosts for lvl in levels}
     return "measured" if keys & set(measured) else "declared"

@@ -36,7 +36,14 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .bandwidth import Measured, allreduce_seconds, cluster_busbw_gbps, hop_gbps, level_caps_gbps
+from .bandwidth import (
+    Measured,
+    allreduce_seconds,
+    cluster_busbw_gbps,
+    describe_level_sources,
+    hop_gbps,
+    level_caps_gbps,
+)
 from .types import (
     LEVELS,
     Constraint,
@@ -321,7 +328,9 @@ def _lowest_common_index(paths: list) -> int:
     return _GLOBAL
 
 
-def _best_bandwidth(usable: list[_Usable], shape: _Shape, request: PlacementRequest, top: int):
+def _best_bandwidth(
+    usable: list[_Usable], request: PlacementRequest, top: int
+) -> tuple[float, list[tuple[int, list[_Usable]]], list[str]]:
     """Collective search: the best busbw over levels finest..top, and every domain reaching it."""
     best, candidates, notes, skipped = -1.0, [], [], []
     for index in range(top + 1):
@@ -356,14 +365,16 @@ def _level_note(level: str, total: int, fits: int, short: int, best: float, node
     return f"{level}: {fits} of {total} {level} domain(s) fit {nodes} nodes, best {best:g} GB/s{others}"
 
 
-def _search(usable: list[_Usable], shape: _Shape, request: PlacementRequest, scope: _Scope):
+def _search(
+    usable: list[_Usable], shape: _Shape, request: PlacementRequest, scope: _Scope
+) -> tuple[_Option | None, list[str]]:
     """The best option inside one tier, and notes on the levels tried; (None, notes) if none fits."""
     nodes, gpus = request.nodes, request.gpus_per_node
     if sum(item.count for item in usable) < nodes:
         return None, [f"only {sum(item.count for item in usable)} usable hosts; {nodes} needed"]
     collective = request.is_collective()
     if collective:
-        best, candidates, notes = _best_bandwidth(usable, shape, request, scope.level_index)
+        best, candidates, notes = _best_bandwidth(usable, request, scope.level_index)
         options = [
             _option([m for m in members if m.caps[i] >= best], shape, nodes, gpus)
             for i, members in candidates
@@ -385,7 +396,10 @@ def _cheapest_note(request: PlacementRequest, level_index: int, fitting: int) ->
     return f"cheapest hosts inside one {LEVELS[level_index]} ({why}): {fitting} {LEVELS[level_index]} domain(s) fit"
 
 
-def _place_model(inventory: Inventory, request: PlacementRequest, model: str, measured) -> _Choice | None:
+def _place_model(
+    inventory: Inventory, request: PlacementRequest, model: str, measured: Measured | None
+) -> tuple[_Choice | None, list[str]]:
+    """`model`'s best option over the tiers in preference order, and the explanation of the search."""
     shape = inventory.shape(model, request.gpus_per_node)
     usable_by_kinds: dict[frozenset[str] | None, list[_Usable]] = {}
     tried: list[str] = []
@@ -396,8 +410,8 @@ def _place_model(inventory: Inventory, request: PlacementRequest, model: str, me
         lines = [f"{model}: {note}" for note in ([scope.note] if scope.note else []) + notes]
         tried += [line for line in lines if line not in tried]  # a fall-back tier re-tries finer levels
         if option is not None:
-            return _Choice(model, tier, option, tuple(tried))
-    return None
+            return _Choice(model, tier, option, tuple(tried)), tried
+    return None, tried
 
 
 def as_inventory(hosts: Inventory | Iterable[HostSnapshot]) -> Inventory:
@@ -449,16 +463,18 @@ def plan(
     validate(request, inventory if validate_inventory else None)
     choices: list[_Choice] = []
     skipped: list[str] = []
+    tried: list[str] = []
     for model in request.models:
-        choice = _place_model(inventory, request, model, measured)
+        choice, notes = _place_model(inventory, request, model, measured)
         if choice is None:
             skipped += _model_refusal(request, inventory, model)
+            tried += notes
         else:
             choices.append(choice)
             if request.model_policy == ModelPolicy.ORDERED:
                 break
     if not choices:
-        return Refusal(tuple(skipped))
+        return Refusal(tuple(skipped), tuple(tried))
     best = min(choices, key=lambda c: (c.tier, c.option.rank(request.is_collective())))
     return _to_plan(request, best, measured, _model_notes(request, choices, best, skipped))
 
@@ -487,7 +503,7 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
     busbw = cluster_busbw_gbps(hosts, measured)
     level = LEVELS[choice.option.level_index] if busbw is not None else None
     seconds = None
-    explanation = [*notes, _chosen_note(request, choice, hosts, busbw, level)]
+    explanation = [*notes, _chosen_note(request, choice, hosts, busbw, level, measured)]
     if busbw is not None and level is not None:
         seconds = allreduce_seconds(request.reference_gradient_bytes, len(hosts), busbw, level)
         gigabytes = request.reference_gradient_bytes / 1e9
@@ -514,14 +530,22 @@ def _node(entry: _Entry, gpus: int) -> NodeAssignment:
     return NodeAssignment(host.host_id, tuple(sorted(host.free_gpus[domain])[:gpus]))
 
 
-def _chosen_note(request: PlacementRequest, choice: _Choice, hosts: list, busbw: float | None, level) -> str:
+def _chosen_note(
+    request: PlacementRequest,
+    choice: _Choice,
+    hosts: list,
+    busbw: float | None,
+    level,
+    measured: Measured | None,
+) -> str:
     option, shape = choice.option, f"{request.nodes} x {request.gpus_per_node} {choice.model}"
     price = f"${option.price_per_hour:.2f}/h"
     if busbw is None:
         return f"chosen: host {hosts[0].host_id} for {shape} at {price} (one node: no inter-node all-reduce)"
     domain = "/".join(hosts[0].path.domain(level)) or "all regions"
+    source = describe_level_sources(hosts, level, measured)
     return (
-        f"chosen: {level} {domain} for {shape}: predicted busbw {busbw:g} GB/s, {price}, "
+        f"chosen: {level} {domain} for {shape}: predicted busbw {busbw:g} GB/s ({source}), {price}, "
         f"best-fit leaves {option.spare} spare host(s) that fit this node shape there"
     )
 

@@ -229,7 +229,7 @@ class Plan:
     nodes: tuple[NodeAssignment, ...]  # in pipeline stage order for tensor_pipeline
     head_host_id: str
     spanned_level: str  # coarsest level the hosts span (a Level value), or "host" for one node
-    spanned_domain: tuple[str, ...]  # key of that domain (TopologyPath.domain); () for "global"
+    spanned_domain: tuple[str, ...]  # TopologyPath.domain key; () for "global", (host_id,) for "host"
     predicted_busbw_gbps: float | None  # inter-node all-reduce busbw, GB/s; None for one node
     predicted_allreduce_s: float | None  # ring all-reduce of the reference gradient; None for one node
     price_per_hour: float  # US dollars per hour for every GPU of the plan
@@ -247,7 +247,7 @@ class Refusal:
     """No plan fits now; `reasons` name the binding constraints with numbers. The request queues."""
 
     reasons: tuple[str, ...]
-    explanation: tuple[str, ...] = ()
+    explanation: tuple[str, ...] = ()  # levels and tiers the search tried
 
 
 class InvalidRequest(ValueError):

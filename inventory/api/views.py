@@ -240,7 +240,7 @@ class OfferViewSet(viewsets.GenericViewSet):
 
     def list(self, request):
         hosts = self.filter_queryset(self.get_queryset())
-        page = self.paginate_queryset(services.offers(hosts))
+        page = self.paginate_queryset(services.cached_offers(hosts, request.user, request.GET.urlencode()))
         return self.get_paginated_response(s.OfferSerializer(page, many=True).data)
 
 

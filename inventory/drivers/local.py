@@ -42,10 +42,18 @@ class LocalDriver(HostDriver):
         if not self.sandbox.is_dir():
             raise HostUnreachable(f"local host {self.address}: sandbox {self.sandbox} does not exist.")
         if (self.sandbox / "faults" / "unreachable").exists():
-            raise HostUnreachable(f"local host {self.address} is not answering (fault injected: unreachable).")
+            raise HostUnreachable(
+                f"local host {self.address} is not answering (fault injected: unreachable)."
+            )
 
     def environment(self) -> dict[str, str]:
-        bin_dirs = [str(self.sandbox / "bin"), str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]
+        bin_dirs = [
+            str(self.sandbox / "bin"),
+            str(Path(sys.executable).parent),
+            "/usr/local/bin",
+            "/usr/bin",
+            "/bin",
+        ]
         return {
             "PATH": os.pathsep.join(bin_dirs),
             "HOME": str(self.sandbox / "home"),
@@ -60,14 +68,21 @@ class LocalDriver(HostDriver):
         self._check_up()
         limit = timeout or self.default_timeout
         proc = subprocess.Popen(
-            ["bash", "-c", command], cwd=self.sandbox / "home", env=self.environment(),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            ["bash", "-c", command],
+            cwd=self.sandbox / "home",
+            env=self.environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         try:
             stdout, stderr = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise CommandTimeout(f"{command!r} on {self.address} ran past {limit:g} s and was stopped.") from None
+            raise CommandTimeout(
+                f"{command!r} on {self.address} ran past {limit:g} s and was stopped."
+            ) from None
         return CommandResult(proc.returncode, stdout, stderr)
 
     def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:

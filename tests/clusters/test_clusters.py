@@ -37,9 +37,10 @@ def test_cluster_is_placed_in_one_block_and_its_gpus_allocated(alice, rack, clie
 
 def test_offers_shrink_when_gpus_are_allocated(alice, rack, client_for, committed):
     client = client_for(alice)
+    assert client.get("/api/v1/offers/").json()["results"][0]["free_gpus"] == 40  # cached now
     request(client, committed, nodes=2)
     offers = client.get("/api/v1/offers/").json()["results"]
-    assert offers[0]["free_gpus"] == 24
+    assert offers[0]["free_gpus"] == 24  # the allocation invalidated the cached offers
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,42 @@
+"""Provisioning building blocks: start, find and stop the Ray nodes of a cluster through host drivers.
+
+Pure Python (no Django import): functions take `HostDriver`s and plain values.
+"""
+
+from .ray_nodes import (
+    JobTimedOut,
+    NodeHandle,
+    NodePorts,
+    NodesNotReady,
+    NodeStartFailed,
+    find_node,
+    host_resource_name,
+    node_processes,
+    ports_for,
+    read_node_log,
+    start_head,
+    start_worker,
+    stop_node,
+    submit_job,
+    wait_for_nodes,
+    workdir_for,
+)
+
+__all__ = [
+    "JobTimedOut",
+    "NodeHandle",
+    "NodePorts",
+    "NodeStartFailed",
+    "NodesNotReady",
+    "find_node",
+    "host_resource_name",
+    "node_processes",
+    "ports_for",
+    "read_node_log",
+    "start_head",
+    "start_worker",
+    "stop_node",
+    "submit_job",
+    "wait_for_nodes",
+    "workdir_for",
+]
