@@ -1,6 +1,7 @@
 """Placement engine benchmark: plan latency and plan quality on generated inventories.
 
     .venv/bin/python bench/placement.py [--sizes 1000,10000,125000] [--repeats 60] [--seed 7]
+        [--endpoint-hosts 125000] [--endpoint-requests 30] [--database-url postgres://.../volt_bench]
 
 Inventories: regions -> sites -> fabrics (IB NDR/HDR, RoCE, Ethernet) -> blocks of 16-32 hosts,
 8 GPUs per host (1,000,000 GPUs at 125,000 hosts), five GPU models, 30-60% of GPUs busy (each
@@ -10,7 +11,12 @@ preferred; the model rotates over H100, H200, A100) and reports p50/p95 latency.
 predicted busbw of Volt's plan divided by first-fit's (the marketplace approach: the first hosts in
 listing order that fit), both scored by the same bandwidth model. The index goes into gc.freeze()
 once built (a long-lived index should not be walked by every full collection; a worker holding one
-should do the same). The last line is JSON.
+should do the same).
+
+Then, end to end: it seeds PostgreSQL with --endpoint-hosts hosts (bench/inventory.py's COPY seeder, a
+database of its own, dropped afterwards) and times `POST /api/v1/placements/preview` through Django's
+test Client with a researcher's bearer token — SQL candidate query, snapshots, index build, plan and
+JSON — for the same three shapes. --endpoint-hosts 0 skips it. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -228,20 +234,111 @@ def _quality_cells(q: dict) -> str:
     return f"{ours:>20} {theirs:>24} {q['busbw_ratio_vs_first_fit']:>7g} {cheap:>15} {q['busbw_ratio_vs_cheapest_first']:>6g}"
 
 
+ENDPOINT_TARGET_P50_MS = 300
+ENGINE_TARGET_P50_MS = 50
+
+
+def run_endpoint(hosts: int, requests: int, database_url: str, seed: int) -> dict:
+    """Seed PostgreSQL and time the preview endpoint end to end (see the module docstring)."""
+    from bench import inventory as seeding  # the inventory bench's seeder and Django set-up
+
+    seeding.recreate_database(database_url)
+    seeding.setup_django(database_url)
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+
+    try:
+        call_command("migrate", verbosity=0)
+        seeded = seeding.seed(hosts, random.Random(seed))
+        token = seeding.make_users(seeded)["researcher"]
+        client = Client(headers={"authorization": f"Bearer {token}"})
+        figures = {"hosts": seeded.hosts, "gpus": seeded.gpus, "seed_s": round(seeded.seconds, 1)}
+        for name, nodes in SHAPES:
+            figures[name] = _time_preview(client, nodes, requests)
+        return figures
+    finally:
+        connection.close()
+        seeding.recreate_database(database_url, drop_only=True)
+
+
+def _time_preview(client, nodes: int, requests: int) -> dict:
+    """Warm: capacity unchanged between requests (the index is reused). Cold: capacity changed before
+    every request (a third as many), so each one loads the snapshots and builds the index again."""
+    from inventory.services import bump_capacity_version
+
+    warm = _preview_samples(client, nodes, requests, before=lambda: None)
+    cold = _preview_samples(client, nodes, max(3, requests // 3), before=bump_capacity_version)
+    return {
+        "p50_ms": round(percentile(warm["ms"], 0.5), 1),
+        "p95_ms": round(percentile(warm["ms"], 0.95), 1),
+        "cold_p50_ms": round(percentile(cold["ms"], 0.5), 1),
+        "cold_p95_ms": round(percentile(cold["ms"], 0.95), 1),
+        "placed": warm["placed"],
+        "requests": requests,
+    }
+
+
+def _preview_samples(client, nodes: int, requests: int, before) -> dict:
+    samples, placed = [], 0
+    for i in range(requests + 2):
+        model = LATENCY_MODELS[i % len(LATENCY_MODELS)]
+        body = {
+            "nodes": nodes,
+            "gpus_per_node": 8,
+            "gpu_models": [model],
+            "interconnect": ["infiniband"],
+            "interconnect_mode": "preferred",
+        }
+        before()
+        started = time.perf_counter()
+        response = client.post("/api/v1/placements/preview", body, content_type="application/json")
+        elapsed = (time.perf_counter() - started) * 1000
+        if response.status_code != 200:
+            raise SystemExit(f"preview answered {response.status_code}: {response.content[:300]!r}")
+        if i >= 2:  # two warm-up requests
+            samples.append(elapsed)
+            placed += response.json()["placed"]
+    return {"ms": samples, "placed": placed}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,125000")
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--endpoint-hosts", type=int, default=125_000)
+    parser.add_argument("--endpoint-requests", type=int, default=30)
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/volt_bench")
     args = parser.parse_args()
     results = [run_size(int(size), args.repeats, args.seed) for size in args.sizes.split(",")]
     print_table(results)
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        json.dumps(
-            {"bench": "placement", "repeats": args.repeats, "peak_rss_mib": round(peak_mib), "sizes": results}
+    endpoint = None
+    if args.endpoint_hosts:
+        endpoint = run_endpoint(args.endpoint_hosts, args.endpoint_requests, args.database_url, args.seed)
+        print(
+            f"\npreview endpoint on PostgreSQL, {endpoint['hosts']:,} hosts / {endpoint['gpus']:,} GPUs "
+            f"(target p50 < {ENDPOINT_TARGET_P50_MS} ms):"
         )
-    )
+        for name, _ in SHAPES:
+            e = endpoint[name]
+            print(
+                f"  {name:>5}: p50 {e['p50_ms']:>7.1f} ms  p95 {e['p95_ms']:>7.1f} ms  placed {e['placed']}/{e['requests']}"
+            )
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    largest = max(results, key=lambda r: r["hosts"])
+    summary = {
+        "bench": "placement",
+        "repeats": args.repeats,
+        "peak_rss_mib": round(peak_mib),
+        "sizes": results,
+        "endpoint": endpoint,
+        "engine_target_met": all(largest["latency"][n]["p50_ms"] < ENGINE_TARGET_P50_MS for n, _ in SHAPES),
+        "endpoint_target_met": None
+        if endpoint is None
+        else all(endpoint[n]["p50_ms"] < ENDPOINT_TARGET_P50_MS for n, _ in SHAPES),
+    }
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import asdict
 from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Max, QuerySet
+from django.db.models import Count, F, QuerySet
 from django.utils import timezone
 
 from clusters import placement, transitions
@@ -187,13 +190,21 @@ def validate_spec(spec: dict) -> placement.PlacementRequest:
     return request
 
 
+def _model_stats() -> dict[str, dict]:
+    """Per GPU model over every host that exists: host count, largest NVLink domain, hosts per domain size."""
+    live = Host.objects.exclude(state__in=[HostState.RETIRED, HostState.FAILED]).exclude(gpu_model="")
+    stats: dict[str, dict] = {}
+    rows = live.values("gpu_model", "nvlink_domain_size").annotate(hosts=Count("id"))
+    for row in rows:
+        entry = stats.setdefault(row["gpu_model"], {"largest": 0, "by_domain": {}})
+        entry["largest"] = max(entry["largest"], row["nvlink_domain_size"])
+        entry["by_domain"][row["nvlink_domain_size"]] = row["hosts"]
+    return stats
+
+
 def _inventory_problems(request: placement.PlacementRequest) -> list[str]:
     """Compare with every host that exists (whatever its state): could this request ever be met?"""
-    live = Host.objects.exclude(state__in=[HostState.RETIRED, HostState.FAILED]).exclude(gpu_model="")
-    stats = {
-        row["gpu_model"]: row
-        for row in live.values("gpu_model").annotate(hosts=Count("id"), largest=Max("nvlink_domain_size"))
-    }
+    stats = cache.get_or_set(f"clusters:model-stats:{inventory.capacity_version()}", _model_stats, 300)
     offered = ", ".join(sorted(stats)) or "no GPUs yet"
     unknown = [m for m in request.models if m not in stats]
     if unknown:
@@ -205,7 +216,9 @@ def _inventory_problems(request: placement.PlacementRequest) -> list[str]:
             f"domain — ask for at most {stats[m]['largest']} per node, or more nodes"
             for m in request.models
         ]
-    fitting = {m: live.filter(gpu_model=m, nvlink_domain_size__gte=asked).count() for m in request.models}
+    fitting = {
+        m: sum(n for size, n in stats[m]["by_domain"].items() if size >= asked) for m in request.models
+    }
     if all(count < request.nodes for count in fitting.values()):
         best = max(fitting.values())
         return [
@@ -224,12 +237,59 @@ def preview(spec: dict) -> placement.Plan | placement.Refusal:
     return _plan(request)
 
 
+class _IndexCache:
+    """Placement indexes by (capacity version, candidate filter), in this process.
+
+    Loading ~15k candidate snapshots and indexing them costs a few hundred ms at 125k hosts; previews
+    repeat far more often than capacity changes. Any allocation, release or host state change bumps
+    the capacity version, so a stale index is never used for a new version; allocation re-checks
+    every GPU under row locks anyway.
+    """
+
+    size = 16
+
+    def __init__(self):
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, build):
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+        value = build()
+        with self._lock:
+            self._entries[key] = value
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return value
+
+
+_indexes = _IndexCache()
+
+
+def candidate_inventory(request: placement.PlacementRequest, narrow: bool = True) -> placement.Inventory:
+    """The engine's index over `candidate_snapshots(request, narrow)`, reused while capacity is unchanged."""
+    filters = (
+        (
+            request.max_price_per_gpu_hour,
+            request.regions,
+            request.interconnect_mode,
+            tuple(sorted(request.interconnect_kinds())),
+        )
+        if narrow
+        else None
+    )
+    key = (inventory.capacity_version(), request.models, request.gpus_per_node, filters)
+    return _indexes.get(key, lambda: placement.Inventory(candidate_snapshots(request, narrow)))
+
+
 def _plan(request: placement.PlacementRequest) -> placement.Plan | placement.Refusal:
     measured = measured_bandwidth()
     try:
-        result = placement.plan(request, candidate_snapshots(request), measured, validate_inventory=False)
+        result = placement.plan(request, candidate_inventory(request), measured, validate_inventory=False)
         if isinstance(result, placement.Refusal):  # rare: look again with every host to explain why
-            wide = candidate_snapshots(request, narrow=False)
+            wide = candidate_inventory(request, narrow=False)
             result = placement.plan(request, wide, measured, validate_inventory=False)
         return result
     except placement.InvalidRequest as exc:

@@ -608,13 +608,18 @@ def bump_capacity_version() -> None:
     transaction.on_commit(bump)
 
 
+def capacity_version() -> int:
+    """A number that changes whenever free capacity or host availability changes (shared via the cache)."""
+    return cache.get_or_set(CAPACITY_VERSION_KEY, 1, None)
+
+
 def cached_offers(hosts: QuerySet[Host], user: AbstractBaseUser, query: str) -> list[dict]:
     """`offers(hosts)`, cached for a few seconds per caller view and query, dropped on any capacity change.
 
     Aggregating ~100k hosts costs ~100 ms; the console and CI poll offers far more often than capacity
     changes. The key holds the capacity version, so a change is visible at once, not after the TTL.
     """
-    version = cache.get_or_set(CAPACITY_VERSION_KEY, 1, None)
+    version = capacity_version()
     view = (
         "all" if is_platform_admin(user) else "researcher" if is_researcher(user) else "provider",
         tuple(sorted(managed_provider_ids(user))),
