@@ -14,7 +14,8 @@ from .bandwidth import (
     lowest_common_level,
 )
 from .baseline import first_fit
-from .engine import Inventory, as_inventory, plan, validate
+from .engine import as_inventory, plan, validate
+from .index import Inventory
 from .types import (
     COLLECTIVE,
     INTERCONNECT_CATEGORIES,
