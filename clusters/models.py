@@ -31,8 +31,32 @@ class Cluster(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     queued_at = models.DateTimeField(null=True, blank=True)
     placed_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Provisioning and hand-off (clusters/provision.py).
+    ssh_public_key = models.TextField(
+        blank=True, help_text="The cluster's ed25519 key, authorized on its hosts."
+    )
+    ssh_private_key_encrypted = models.TextField(
+        blank=True, help_text="Fernet-encrypted; downloadable by the team."
+    )
+    ray_address = models.CharField(
+        max_length=100, blank=True, help_text="GCS address workers and drivers join."
+    )
+    dashboard_url = models.CharField(
+        max_length=200, blank=True, help_text="Ray dashboard and job submission."
+    )
+    storage_path = models.CharField(
+        max_length=300, blank=True, help_text="Shared storage path on every host."
+    )
+    provision_attempts = models.PositiveIntegerField(default=0)
+    provisioning_started_at = models.DateTimeField(null=True, blank=True)
+    probe_result = models.JSONField(null=True, blank=True, help_text="All-reduce probe, nccl-tests style.")
+    measured_busbw_gbps = models.FloatField(null=True, blank=True, help_text="Largest probe busbw, GB/s.")
+    bandwidth_flagged = models.BooleanField(
+        default=False, help_text="Measured busbw below the expected share."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -52,9 +76,22 @@ class ClusterNode(models.Model):
     stage = models.PositiveIntegerField(null=True, blank=True)
     gpu_indices = models.JSONField(default=list)
     released_at = models.DateTimeField(null=True, blank=True)
+    machine = models.CharField(
+        max_length=64, blank=True, help_text="Where the node's ports live: 'local' or host id."
+    )
+    slot = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Ray port block (ray_nodes.ports_for)."
+    )
 
     class Meta:
         ordering = ["cluster_id", "rank"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["machine", "slot"],
+                condition=models.Q(released_at__isnull=True, slot__isnull=False),
+                name="clusternode_one_active_slot_per_machine",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/rank{self.rank} on {self.host_id}"

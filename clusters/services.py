@@ -446,6 +446,7 @@ def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
             _check_still_free(plan, locked)
             _create_allocations(cluster, plan)
             inventory.refresh_free_capacity(host_ids)
+            _queue_provisioning(cluster.pk)
             return transitions.transition(
                 cluster,
                 S.PROVISIONING,
@@ -472,8 +473,10 @@ def _check_still_free(plan: placement.Plan, hosts: dict[int, Host]) -> None:
             raise CapacityChanged(f"GPUs {list(node.gpu_indices)} of host {node.host_id} were taken")
 
 
-def _create_allocations(cluster: Cluster, plan: placement.Plan) -> None:
+def _create_allocations(cluster: Cluster, plan: placement.Plan, ranks=None, head: bool = True) -> None:
+    """Nodes and allocations for `plan`; `ranks` (replacements) gives each plan node the rank it takes over."""
     stage_of = {host: number for number, stage in enumerate(plan.stage_order) for host in stage}
+    ranks = list(ranks) if ranks is not None else list(range(len(plan.nodes)))
     gpu_ids = {
         (host_id, index): pk
         for pk, host_id, index in GPU.objects.filter(host_id__in=[int(h) for h in plan.host_ids]).values_list(
@@ -481,12 +484,12 @@ def _create_allocations(cluster: Cluster, plan: placement.Plan) -> None:
         )
     }
     allocations = []
-    for rank, assignment in enumerate(plan.nodes):
+    for rank, assignment in zip(ranks, plan.nodes, strict=True):
         node = ClusterNode.objects.create(
             cluster=cluster,
             host_id=int(assignment.host_id),
             rank=rank,
-            is_head=assignment.host_id == plan.head_host_id,
+            is_head=head and assignment.host_id == plan.head_host_id,
             stage=stage_of.get(assignment.host_id),
             gpu_indices=list(assignment.gpu_indices),
         )
@@ -519,8 +522,50 @@ def release(cluster: Cluster) -> int:
     return freed
 
 
+def connection_details(cluster: Cluster) -> dict | None:
+    """The READY hand-off: what a researcher (or a pipeline) needs to use the cluster."""
+    if cluster.status not in (S.READY, S.DEGRADED, S.RECOVERING) or not cluster.ray_address:
+        return None
+    head = next((n for n in cluster.nodes.all() if n.is_head and n.released_at is None), None)
+    ssh = None
+    if head is not None and head.host.driver == "ssh":
+        user = head.host.ssh_user or "root"
+        ssh = f"ssh -i volt-cluster-{cluster.pk}.key -p {head.host.ssh_port} {user}@{head.host.address}"
+    return {
+        "ray_address": cluster.ray_address,
+        "dashboard_url": cluster.dashboard_url,
+        "job_submission_address": cluster.dashboard_url,
+        "ssh_command": ssh,
+        "storage_path": cluster.storage_path,
+        "ssh_key_url": f"/api/v1/clusters/{cluster.pk}/ssh-key/",
+        "snippet": (
+            f"RAY_ADDRESS={cluster.dashboard_url} ray job submit --working-dir . -- python train.py\n"
+            f"# or from Python:\nfrom ray.job_submission import JobSubmissionClient\n"
+            f'JobSubmissionClient("{cluster.dashboard_url}").submit_job(entrypoint="python train.py", '
+            f'runtime_env={{"working_dir": "."}})\n'
+            f"# checkpoints: write them under {cluster.storage_path} (shared by every node)"
+        ),
+    }
+
+
+def cluster_private_key(cluster: Cluster) -> str:
+    """The cluster's SSH private key (OpenSSH), for members of its team."""
+    from voltweb import crypto
+
+    return crypto.decrypt(cluster.ssh_private_key_encrypted)
+
+
+def _queue_provisioning(cluster_id: int) -> None:
+    from django.conf import settings
+
+    from clusters.tasks import provision_cluster_task
+
+    if settings.VOLT_AUTO_PROVISION:
+        transaction.on_commit(lambda: provision_cluster_task.delay(cluster_id))
+
+
 def terminate_cluster(cluster: Cluster, actor: AbstractBaseUser | None = None) -> Cluster:
-    """Cancel a waiting cluster or tear down a running one; GPUs are released exactly once."""
+    """Cancel a waiting cluster, or stop a running one's Ray processes, remove its key, free its GPUs."""
     if cluster.status in (S.PENDING, S.PLACING, S.QUEUED):
         return transitions.transition(
             cluster, S.TERMINATED, f"cancelled by {actor or 'system'}", extra={"ended_at": timezone.now()}
@@ -528,8 +573,23 @@ def terminate_cluster(cluster: Cluster, actor: AbstractBaseUser | None = None) -
     if cluster.status not in LIVE:
         raise IllegalTransition(cluster, cluster.status, S.TERMINATING)
     transitions.transition(cluster, S.TERMINATING, f"terminate requested by {actor or 'system'}")
+    return finish_termination(cluster)
+
+
+def finish_termination(cluster: Cluster) -> Cluster:
+    """Stop every process the cluster started (only on hosts where provisioning reached), then release."""
+    from clusters import provision
+
+    started = list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider"))
+    problems = provision.teardown(cluster, started) if started else []
     release(cluster)
-    return transitions.transition(cluster, S.TERMINATED, "GPUs released", extra={"ended_at": timezone.now()})
+    detail = f"; could not reach {'; '.join(problems)}" if problems else ""
+    return transitions.transition(
+        cluster,
+        S.TERMINATED,
+        f"Ray processes stopped and GPUs released{detail}",
+        extra={"ended_at": timezone.now()},
+    )
 
 
 # --- the queue ---------------------------------------------------------------------------------------
@@ -571,6 +631,28 @@ def kick_queue() -> None:
 
     if Cluster.objects.filter(status=S.QUEUED).exists():
         drain_queue_task.delay()
+
+
+def reap_stuck_provisioning(older_than_s: int | None = None) -> int:
+    """PROVISIONING/VERIFYING/TERMINATING with no progress past the deadline: the worker died. Re-queue.
+
+    Provisioning steps are idempotent and beat `updated_at` as they go, so the new task carries on.
+    """
+    from django.conf import settings
+
+    from clusters.tasks import provision_cluster_task, terminate_cluster_task
+
+    deadline = timezone.now() - timezone.timedelta(seconds=older_than_s or settings.VOLT_PROVISION_STALE_S)
+    stuck = Cluster.objects.filter(
+        status__in=[S.PROVISIONING, S.VERIFYING, S.TERMINATING], updated_at__lt=deadline
+    )
+    count = 0
+    for cluster in stuck:
+        Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())
+        task = terminate_cluster_task if cluster.status == S.TERMINATING else provision_cluster_task
+        task.delay(cluster.pk)
+        count += 1
+    return count
 
 
 def reap_stuck_placing(older_than_s: int = 120) -> int:

@@ -98,6 +98,7 @@ def cluster_detail(request, pk):
         "topology": _topology(cluster.plan),
         "queue_position": services.queue_position(cluster),
         "can_terminate": cluster.status in services.LIVE,
+        "connection": services.connection_details(cluster),
     }
     return render(request, "clusters/detail.html", context)
 

@@ -21,4 +21,9 @@ SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "placement"},
     },
+    "reap-stuck-provisioning": {
+        "task": "clusters.tasks.reap_stuck_provisioning",
+        "schedule": 60.0,
+        "options": {"queue": "monitoring"},
+    },
 }

@@ -170,7 +170,8 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 360, minimum=2)
 if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
     raise ImproperlyConfigured("CELERY_TASK_TIME_LIMIT must be larger than CELERY_TASK_SOFT_TIME_LIMIT.")
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=CELERY_TASK_TIME_LIMIT + 1),
+    # Longer than the longest task (provisioning: 1560 s hard limit).
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=1600),
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "monitoring"
@@ -237,6 +238,18 @@ VOLT_DRIVER_TIMEOUT_S = env_float("VOLT_DRIVER_TIMEOUT_S", 20.0, minimum=1.0, ma
 VOLT_SSH_KNOWN_HOSTS = env_str("VOLT_SSH_KNOWN_HOSTS", "")
 VOLT_GPU_MAX_TEMP_C = env_int("VOLT_GPU_MAX_TEMP_C", 90, minimum=40)
 VOLT_HEARTBEAT_STALE_S = env_int("VOLT_HEARTBEAT_STALE_S", 300, minimum=10)
+# Provisioning (clusters/provision.py).
+VOLT_PROVISION_ATTEMPTS = env_int("VOLT_PROVISION_ATTEMPTS", 3, minimum=1)
+VOLT_AUTO_PROVISION = env_bool("VOLT_AUTO_PROVISION", True)  # off: clusters stop at PROVISIONING
+VOLT_PROVISION_STALE_S = env_int("VOLT_PROVISION_STALE_S", 300, minimum=10)
+VOLT_NODE_JOIN_TIMEOUT_S = env_float("VOLT_NODE_JOIN_TIMEOUT_S", 90.0, minimum=5.0, maximum=3600.0)
+VOLT_PROBE_MAX_MB = env_int("VOLT_PROBE_MAX_MB", 256, minimum=1)
+VOLT_PROBE_ITERS = env_int("VOLT_PROBE_ITERS", 10, minimum=1)
+VOLT_PROBE_TIMEOUT_S = env_float("VOLT_PROBE_TIMEOUT_S", 600.0, minimum=10.0, maximum=7200.0)
+# A cluster whose measured busbw is below this share of the prediction is flagged.
+VOLT_PROBE_MIN_FRACTION = env_float("VOLT_PROBE_MIN_FRACTION", 0.5, minimum=0.0, maximum=1.0)
+# Python that runs `ray start` on ssh hosts (local hosts use this project's interpreter).
+VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
 
 LOGGING = {
     "version": 1,

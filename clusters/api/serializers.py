@@ -104,37 +104,31 @@ class ClusterSerializer(serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
     created_by = serializers.CharField(source="created_by.username", default=None)
     queue_position = serializers.SerializerMethodField()
-    nodes = ClusterNodeSerializer(many=True, read_only=True)
+    nodes = serializers.SerializerMethodField()
+    connection = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
         fields = [
-            "id",
-            "name",
-            "team",
-            "created_by",
-            "status",
-            "priority",
-            "spec",
-            "gpu_model",
-            "predicted_busbw_gbps",
-            "predicted_allreduce_s",
-            "price_per_hour",
-            "queue_position",
-            "queue_reason",
-            "failure_reason",
-            "failure_message",
-            "plan",
-            "nodes",
-            "created_at",
-            "queued_at",
-            "placed_at",
+            "id", "name", "team", "created_by", "status", "priority", "spec", "gpu_model",
+            "predicted_busbw_gbps", "predicted_allreduce_s", "measured_busbw_gbps", "bandwidth_flagged",
+            "price_per_hour", "queue_position", "queue_reason", "failure_reason", "failure_message",
+            "connection", "probe_result", "plan", "nodes", "created_at", "queued_at", "placed_at", "ready_at",
             "ended_at",
-        ]
+        ]  # fmt: skip
         read_only_fields = fields
 
     def get_queue_position(self, cluster) -> int | None:
         return services.queue_position(cluster)
+
+    def get_nodes(self, cluster) -> list[dict]:
+        """The cluster's current nodes (replaced ones are left out)."""
+        nodes = [n for n in cluster.nodes.all() if n.released_at is None]
+        return ClusterNodeSerializer(nodes, many=True).data
+
+    def get_connection(self, cluster) -> dict | None:
+        """How to use a READY cluster: Ray address, dashboard / job submission, SSH, storage, key."""
+        return services.connection_details(cluster)
 
 
 class ClusterEventSerializer(serializers.ModelSerializer):

@@ -1,5 +1,6 @@
 """Clusters API: request, list, inspect, terminate; and placement preview."""
 
+from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view
@@ -29,7 +30,7 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return (
             services.visible_clusters(self.request.user)
             .select_related("team", "created_by")
-            .prefetch_related("nodes__host__site", "nodes__host__block")
+            .prefetch_related("nodes__host__site", "nodes__host__block", "nodes__host__provider")
         )
 
     @extend_schema(request=s.ClusterSpecSerializer, responses={202: s.ClusterSerializer, **ERRORS})
@@ -54,6 +55,22 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         except IllegalTransition as exc:
             raise ServiceError(f"{exc} It is {exc.current}.", code="illegal_transition") from None
         return Response(s.ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={(200, "text/plain"): str, 404: ErrorResponseSerializer})
+    @action(detail=True, methods=["get"], url_path="ssh-key")
+    def ssh_key(self, request, pk=None):
+        """The cluster's SSH private key, for your team (download as volt-cluster-<id>.key, chmod 600)."""
+        cluster = self.get_object()
+        key = services.cluster_private_key(cluster)
+        if not key:
+            raise ServiceError(
+                "This cluster has no key yet: it is generated when provisioning starts.",
+                code="not_ready",
+                status_code=409,
+            )
+        response = HttpResponse(key, content_type="text/plain")
+        response["Content-Disposition"] = f'attachment; filename="volt-cluster-{cluster.pk}.key"'
+        return response
 
     @extend_schema(responses={200: s.ClusterEventSerializer(many=True)})
     @action(detail=True, methods=["get"])

@@ -4,6 +4,9 @@ Pure Python (no Django import): functions take `HostDriver`s and plain values.
 """
 
 from .ray_nodes import (
+    MAX_SLOT,
+    PORT_BASE,
+    PORTS_PER_SLOT,
     JobTimedOut,
     NodeHandle,
     NodePorts,
@@ -23,6 +26,9 @@ from .ray_nodes import (
 )
 
 __all__ = [
+    "MAX_SLOT",
+    "PORT_BASE",
+    "PORTS_PER_SLOT",
     "JobTimedOut",
     "NodeHandle",
     "NodePorts",

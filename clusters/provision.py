@@ -1,0 +1,467 @@
+"""Provisioning: from allocated GPUs to a verified Ray cluster, and back (DESIGN.md "Cluster lifecycle").
+
+    PROVISIONING: cluster key pair → prepare every host in parallel (workspace, authorized key, shared
+                  storage) → Ray head → workers in parallel → the head reports every node ALIVE
+    VERIFYING:    the all-reduce probe runs as a Ray job (clusters/probes/allreduce.py) → stored next to
+                  the prediction, flagged when below VOLT_PROBE_MIN_FRACTION of it
+    READY:        credentials on the cluster (Ray address, dashboard, storage path, SSH key)
+
+A host that cannot be prepared, whose node does not start or does not join, is cordoned as suspect and
+its nodes are placed again near the survivors; when VOLT_PROVISION_ATTEMPTS run out the cluster is
+FAILED with every node stopped, the key removed and every GPU released. Every step is idempotent
+(`ray_nodes.start_*` return a node that already runs), so a redelivered task — or the reaper, after a
+worker died — carries on where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from clusters import placement, transitions
+from clusters.choices import ClusterStatus, FailureReason
+from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
+from clusters.probes import allreduce
+from clusters.provisioning import ray_nodes
+from inventory import services as inventory
+from inventory.choices import DriverKind, HostState
+from inventory.drivers.base import DriverError, fan_out
+from inventory.models import Host
+from voltweb import crypto
+from voltweb.statemachine import IllegalTransition
+
+logger = logging.getLogger(__name__)
+S = ClusterStatus
+
+
+class HostsFailed(Exception):
+    """Some hosts of the cluster could not be brought up; they are to be replaced."""
+
+    def __init__(self, host_ids, message: str):
+        super().__init__(message)
+        self.host_ids = sorted(set(host_ids))
+
+
+class NoReplacement(Exception):
+    """No free host can take the place of a failed one."""
+
+
+def ray_cluster_id(cluster: Cluster) -> str:
+    return f"volt-{cluster.pk}"
+
+
+# --- the task body -----------------------------------------------------------------------------------
+
+
+def provision_cluster(cluster_id: int) -> Cluster:
+    """Bring a PROVISIONING cluster to READY (or FAILED); resume a VERIFYING one. Idempotent."""
+    cluster = Cluster.objects.get(pk=cluster_id)
+    if cluster.status == S.PROVISIONING:
+        Cluster.objects.filter(pk=cluster.pk).update(
+            provision_attempts=F("provision_attempts") + 1, updated_at=timezone.now()
+        )
+        if cluster.provisioning_started_at is None:
+            Cluster.objects.filter(pk=cluster.pk).update(provisioning_started_at=timezone.now())
+        cluster = _bring_up_with_replacements(cluster)
+        if cluster.status != S.PROVISIONING:
+            return cluster
+        cluster = transitions.transition(
+            cluster, S.VERIFYING, "every node joined; running the all-reduce probe"
+        )
+    if cluster.status == S.VERIFYING:
+        return verify(cluster)
+    return cluster
+
+
+def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
+    attempts = settings.VOLT_PROVISION_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        try:
+            bring_up(cluster)
+            return Cluster.objects.get(pk=cluster.pk)
+        except HostsFailed as failure:
+            note(cluster, f"attempt {attempt}/{attempts}: {failure}")
+            if attempt == attempts:
+                return fail(
+                    cluster, FailureReason.HOST_FAILED, f"gave up after {attempts} attempts: {failure}"
+                )
+            try:
+                replace_hosts(cluster, failure.host_ids, str(failure))
+            except NoReplacement as exc:
+                return fail(cluster, FailureReason.HOST_FAILED, f"{failure}; {exc}")
+    return Cluster.objects.get(pk=cluster.pk)
+
+
+def note(cluster: Cluster, message: str) -> None:
+    """A timeline line that is not a status change."""
+    ClusterEvent.objects.create(
+        cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message
+    )
+    Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())  # heartbeat for the reaper
+
+
+# --- bringing the nodes up ---------------------------------------------------------------------------
+
+
+def active_nodes(cluster: Cluster) -> list[ClusterNode]:
+    return list(
+        cluster.nodes.filter(released_at__isnull=True).select_related("host__provider").order_by("rank")
+    )
+
+
+def bring_up(cluster: Cluster) -> None:
+    """Prepare the hosts, start the head and the workers, wait until all are ALIVE. Raises HostsFailed."""
+    ensure_keys(cluster)
+    nodes = assign_slots(cluster)
+    drivers = [inventory.driver_for(node.host) for node in nodes]
+    try:
+        _check(nodes, fan_out(drivers, lambda d: prepare_host(d, cluster)), "could not be prepared")
+        head_index = next(i for i, node in enumerate(nodes) if node.is_head)
+        head = _start(cluster, nodes[head_index], drivers[head_index], None)
+        note(cluster, f"Ray head up on {nodes[head_index].host.name} ({head.gcs_address})")
+        others = [i for i in range(len(nodes)) if i != head_index]
+        started = fan_out(
+            [drivers[i] for i in others],
+            lambda d: _start(cluster, nodes[drivers.index(d)], d, head.gcs_address),
+        )
+        _check([nodes[i] for i in others], started, "could not start its Ray worker")
+        _wait_alive(cluster, nodes, head)
+    finally:
+        for driver in drivers:
+            driver.close()
+
+
+def _check(nodes: list[ClusterNode], results: list, what: str) -> None:
+    failed = [
+        (node, result) for node, result in zip(nodes, results, strict=True) if isinstance(result, Exception)
+    ]
+    if failed:
+        detail = "; ".join(f"{node.host.name} {what}: {result}" for node, result in failed)
+        raise HostsFailed([node.host_id for node, _ in failed], detail)
+
+
+def _start(cluster: Cluster, node: ClusterNode, driver, head_address: str | None) -> ray_nodes.NodeHandle:
+    options = {
+        "cluster_id": ray_cluster_id(cluster),
+        "ports": ray_nodes.ports_for(node.slot),
+        "num_gpus": len(node.gpu_indices),
+        "gpu_indices": node.gpu_indices,
+        "host_id": node.host_id,
+        "temp_dir": f"/tmp/volt-ray/{cluster.pk}-{node.slot}",
+        "python": _python_for(node.host),
+        "env": _node_env(node.host),
+    }
+    try:
+        if head_address is None:
+            return ray_nodes.start_head(driver, **options)
+        return ray_nodes.start_worker(driver, head_address=head_address, **options)
+    except (DriverError, ValueError) as exc:
+        if head_address is None:
+            raise HostsFailed(
+                [node.host_id], f"{node.host.name} could not start the Ray head: {exc}"
+            ) from exc
+        raise
+
+
+def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.NodeHandle) -> None:
+    ips = {node.host.address: node for node in nodes}
+    try:
+        ray_nodes.wait_for_nodes(
+            head.dashboard_url, len(nodes), settings.VOLT_NODE_JOIN_TIMEOUT_S, expected_ips=set(ips)
+        )
+    except ray_nodes.NodesNotReady as exc:
+        missing = [ips[ip] for ip in exc.missing if ip in ips] or [n for n in nodes if n.is_head]
+        raise HostsFailed(
+            [n.host_id for n in missing],
+            f"{', '.join(n.host.name for n in missing)} did not "
+            f"join within {settings.VOLT_NODE_JOIN_TIMEOUT_S:g} s ({exc})",
+        ) from exc
+    Cluster.objects.filter(pk=cluster.pk).update(
+        ray_address=head.gcs_address,
+        dashboard_url=head.dashboard_url,
+        storage_path=_storage_path(cluster),
+        updated_at=timezone.now(),
+    )
+
+
+def _python_for(host: Host) -> str:
+    return sys.executable if host.driver == DriverKind.LOCAL else settings.VOLT_HOST_PYTHON
+
+
+def _node_env(host: Host) -> dict[str, str]:
+    # gloo takes its address from the hostname; on local hosts keep it on loopback (DESIGN.md).
+    return {"GLOO_SOCKET_IFNAME": "lo"} if host.driver == DriverKind.LOCAL else {}
+
+
+def _storage_path(cluster: Cluster) -> str:
+    return f"~/{ray_nodes.workdir_for(ray_cluster_id(cluster))}/storage"
+
+
+def shared_storage_dir(cluster: Cluster) -> Path:
+    """Local hosts share this machine: their storage paths all point at one folder (a real shared FS)."""
+    return Path(settings.VOLT_DATA_DIR) / "shared-storage" / ray_cluster_id(cluster)
+
+
+def prepare_host(driver, cluster: Cluster) -> None:
+    """Workspace, the cluster's public key authorized, shared storage reachable. Idempotent."""
+    workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
+    key = shlex.quote(cluster.ssh_public_key)
+    if isinstance(driver, inventory.LocalDriver):
+        shared = shared_storage_dir(cluster)
+        shared.mkdir(parents=True, exist_ok=True)
+        storage = f"ln -sfn {shlex.quote(str(shared))} ~/{workdir}/storage"
+    else:
+        storage = f"mkdir -p ~/{workdir}/storage"
+    script = " && ".join(
+        [
+            f"mkdir -p ~/{workdir} ~/.ssh",
+            "chmod 700 ~/.ssh",
+            "touch ~/.ssh/authorized_keys",
+            f"(grep -qxF {key} ~/.ssh/authorized_keys || echo {key} >> ~/.ssh/authorized_keys)",
+            storage,
+        ]
+    )
+    result = driver.run(script, timeout=30)
+    if not result.ok:
+        raise DriverError(
+            f"preparing {driver.address} failed: {(result.stderr or result.stdout).strip()[:300]}"
+        )
+
+
+def ensure_keys(cluster: Cluster) -> None:
+    """The cluster's own ed25519 key pair; the private half encrypted at rest. Generated once."""
+    if cluster.ssh_public_key:
+        return
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    ).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    public_line = f"{public.decode()} volt-cluster-{cluster.pk}"
+    Cluster.objects.filter(pk=cluster.pk, ssh_public_key="").update(
+        ssh_public_key=public_line, ssh_private_key_encrypted=crypto.encrypt(private)
+    )
+    cluster.refresh_from_db(fields=["ssh_public_key", "ssh_private_key_encrypted"])
+
+
+def assign_slots(cluster: Cluster) -> list[ClusterNode]:
+    """Give every active node a Ray port slot, unique per machine among active nodes (a DB constraint)."""
+    nodes = active_nodes(cluster)
+    for node in nodes:
+        if node.slot is not None:
+            continue
+        machine = "local" if node.host.driver == DriverKind.LOCAL else f"host-{node.host_id}"
+        with transaction.atomic():
+            taken = set(
+                ClusterNode.objects.select_for_update()
+                .filter(machine=machine, released_at__isnull=True, slot__isnull=False)
+                .values_list("slot", flat=True)
+            )
+            free = next((s for s in range(ray_nodes.MAX_SLOT + 1) if s not in taken), None)
+            if free is None:
+                raise HostsFailed([node.host_id], f"no free Ray port slot on {machine}")
+            ClusterNode.objects.filter(pk=node.pk).update(machine=machine, slot=free)
+            node.machine, node.slot = machine, free
+    return nodes
+
+
+# --- verification ------------------------------------------------------------------------------------
+
+
+def verify(cluster: Cluster) -> Cluster:
+    """Run the all-reduce probe; store it beside the prediction; READY (flagged if slow) or FAILED."""
+    nodes = active_nodes(cluster)
+    if len(nodes) == 1:
+        return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
+    local = nodes[0].host.driver == DriverKind.LOCAL
+    entrypoint, runtime_env = allreduce.probe_job(
+        settings.VOLT_PROBE_MAX_MB,
+        settings.VOLT_PROBE_ITERS,
+        warmup=2,
+        python=_python_for(nodes[0].host),
+        expected_nodes=len(nodes),
+        env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
+    )
+    try:
+        status, logs = ray_nodes.submit_job(
+            cluster.dashboard_url, entrypoint, runtime_env, settings.VOLT_PROBE_TIMEOUT_S
+        )
+        result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
+    except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:
+        status, logs, result = "ERROR", str(exc), None
+    if result is None:
+        tail = "\n".join(logs.strip().splitlines()[-5:])
+        return fail(cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {status.lower()}: {tail}")
+    return _ready(cluster, result, _probe_summary(cluster, result))
+
+
+def _probe_summary(cluster: Cluster, result: dict) -> str:
+    measured = result.get("max_busbw_gbps") or 0.0
+    predicted = cluster.predicted_busbw_gbps
+    ratio = f" ({measured / predicted:.1%} of the predicted {predicted:.1f} GB/s)" if predicted else ""
+    return f"probe: {result['nodes']} ranks over {result['backend']}, max busbw {measured:.2f} GB/s{ratio}"
+
+
+def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
+    measured = (result or {}).get("max_busbw_gbps")
+    predicted = cluster.predicted_busbw_gbps
+    flagged = bool(
+        measured is not None and predicted and measured < settings.VOLT_PROBE_MIN_FRACTION * predicted
+    )
+    if flagged:
+        message += f"; below {settings.VOLT_PROBE_MIN_FRACTION:.0%} of the prediction: flagged"
+    if measured is not None:
+        _record_sample(cluster, measured, result["nodes"])
+    return transitions.transition(
+        cluster,
+        S.READY,
+        message,
+        extra={
+            "probe_result": result,
+            "measured_busbw_gbps": measured,
+            "bandwidth_flagged": flagged,
+            "ready_at": timezone.now(),
+        },
+    )
+
+
+def _record_sample(cluster: Cluster, busbw: float, nodes: int) -> None:
+    """Feed the measurement back to placement for the domain the cluster spans (block/fabric/site)."""
+    from clusters.services import record_bandwidth_sample
+
+    plan = cluster.plan or {}
+    level, domain = plan.get("spanned_level"), plan.get("spanned_domain") or []
+    index = {"block": 3, "fabric": 2, "site": 1, "region": 0}.get(level)
+    if index is not None and len(domain) > index:
+        record_bandwidth_sample(level, domain[index], busbw, nodes=nodes, cluster=cluster)
+
+
+# --- failure, replacement and teardown -----------------------------------------------------------
+
+
+def fail(cluster: Cluster, reason: str, message: str) -> Cluster:
+    """FAILED with everything undone: nodes stopped, key removed, GPUs released."""
+    teardown(cluster)
+    from clusters.services import release
+
+    release(cluster)
+    return transitions.transition(
+        cluster,
+        S.FAILED,
+        message,
+        extra={
+            "failure_reason": reason,
+            "failure_message": message,
+            "ended_at": timezone.now(),
+        },
+    )
+
+
+def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None) -> list[str]:
+    """Stop this cluster's Ray processes (and only those) and remove its key, on every host it used."""
+    nodes = nodes if nodes is not None else list(cluster.nodes.select_related("host__provider"))
+    hosts = {node.host_id: node.host for node in nodes}
+    drivers = [inventory.driver_for(host) for host in hosts.values()]
+    problems = []
+    try:
+        results = fan_out(drivers, lambda d: _stop_on_host(d, cluster))
+    finally:
+        for driver in drivers:
+            driver.close()
+    for host, result in zip(hosts.values(), results, strict=True):
+        if isinstance(result, Exception) or result:
+            problems.append(f"{host.name}: {result if isinstance(result, Exception) else f'left {result}'}")
+    if problems:
+        logger.warning("teardown of cluster %s incomplete: %s", cluster.pk, "; ".join(problems))
+    return problems
+
+
+def _stop_on_host(driver, cluster: Cluster) -> list[int]:
+    left = ray_nodes.stop_node(driver, ray_cluster_id(cluster))
+    if cluster.ssh_public_key:
+        key = shlex.quote(cluster.ssh_public_key)
+        driver.run(
+            f"[ -f ~/.ssh/authorized_keys ] && grep -vxF {key} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt; "
+            "[ -f ~/.ssh/.ak.volt ] && cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt; true",
+            timeout=20,
+        )
+    return left
+
+
+def replace_hosts(cluster: Cluster, host_ids: list[int], reason: str) -> None:
+    """Cordon the failed hosts as suspect and place their nodes again near the survivors."""
+    nodes = [n for n in active_nodes(cluster) if n.host_id in host_ids]
+    if any(node.is_head for node in nodes):  # the head died: re-form around a new head
+        teardown(cluster, active_nodes(cluster))
+    else:
+        teardown(cluster, nodes)
+    for host in Host.objects.filter(pk__in=host_ids, state__in=[HostState.AVAILABLE, HostState.DRAINING]):
+        try:
+            inventory.act_on_host(
+                host,
+                "cordon",
+                reason=f"suspect: failed while provisioning cluster {cluster.name}: {reason}"[:500],
+            )
+        except IllegalTransition:
+            pass
+    _swap_nodes(cluster, nodes)
+
+
+def _swap_nodes(cluster: Cluster, failed: list[ClusterNode]) -> None:
+    from clusters.services import _create_allocations, candidate_snapshots, to_request
+
+    survivors = [n for n in active_nodes(cluster) if n not in failed]
+    request = to_request(cluster.spec)
+    request = placement.PlacementRequest(
+        **{
+            **request.__dict__,
+            "nodes": len(failed),
+            "models": (cluster.gpu_model,),
+            "topology_level": None,
+            "topology_mode": "any",
+        }
+    )
+    used = {str(n.host_id) for n in cluster.nodes.all()}
+    candidates = [s for s in candidate_snapshots(request) if s.host_id not in used]
+    plan = _near(request, candidates, survivors)
+    if plan is None:
+        raise NoReplacement(f"no free host can replace {', '.join(n.host.name for n in failed)}")
+    with transaction.atomic():
+        now = timezone.now()
+        Allocation.objects.filter(node__in=failed, active=True).update(active=False, released_at=now)
+        ClusterNode.objects.filter(pk__in=[n.pk for n in failed]).update(released_at=now)
+        head_lost = any(n.is_head for n in failed)
+        ranks = sorted(n.rank for n in failed)
+        _create_allocations(cluster, plan, ranks=ranks, head=head_lost)
+        inventory.refresh_free_capacity(sorted({n.host_id for n in failed} | {int(h) for h in plan.host_ids}))
+    names = ", ".join(
+        Host.objects.filter(pk__in=[int(h) for h in plan.host_ids]).values_list("name", flat=True)
+    )
+    note(cluster, f"replaced {', '.join(n.host.name for n in failed)} by {names}")
+
+
+def _near(request: placement.PlacementRequest, candidates, survivors: list[ClusterNode]):
+    """The replacement plan closest to the survivors: same fabric, then same site, then anywhere."""
+    anchor = next((n.host for n in survivors if n.is_head), survivors[0].host if survivors else None)
+    tiers = [lambda s: True]
+    if anchor is not None:
+        tiers = [
+            lambda s: s.path.fabric_id == str(anchor.fabric_id),
+            lambda s: s.path.site_id == str(anchor.site_id),
+            lambda s: True,
+        ]
+    for keep in tiers:
+        pool = [s for s in candidates if keep(s)]
+        result = placement.plan(request, pool, validate_inventory=False) if pool else None
+        if isinstance(result, placement.Plan):
+            return result
+    return None

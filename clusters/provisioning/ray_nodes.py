@@ -1,0 +1,577 @@
+"""The Ray nodes of a Volt cluster on its hosts: ports, start, find, stop, readiness and jobs.
+
+Everything goes through a `HostDriver` (local sandbox or SSH) or through the head's HTTP APIs
+(state API, job submission); nothing here calls `ray.init()` (DESIGN.md "Processes"). Pure Python.
+
+Port scheme
+-----------
+Every Ray node gets a *slot*; slot s owns the 50 ports `20000 + 50*s` .. `20000 + 50*s + 49`:
+
+    offset  0   GCS (the head's --port; the cluster address is <head ip>:<this>)
+            1   dashboard (HTTP: state API, job submission)
+            2   dashboard agent HTTP          3   dashboard agent gRPC
+            4   node manager (raylet)         5   object manager
+            6   metrics export                7   runtime env agent
+            8   Ray client server (head)
+            9   the dashboard's own Prometheus endpoint (env DASHBOARD_METRIC_PORT; Ray's default
+                44227 would be shared by every head on a machine)
+           10   the autoscaler monitor's Prometheus endpoint (env AUTOSCALER_METRIC_PORT, default 44217)
+        11-14   spare
+        15-49   worker processes (--min/--max-worker-port): 35 per node
+
+Slots 0..99 span 20000-24999: above Ray's default worker range (10002-19999), clear of Redis 6379,
+PostgreSQL 5432, Django 8000, RabbitMQ 25672, MongoDB 27017, Kubernetes NodePorts (30000-32767),
+and below the kernel's ephemeral range (32768+), so no outgoing connection is ever handed a port a
+node is about to bind. Several Ray components listen on every interface (0.0.0.0), so two nodes on
+one machine need distinct slots even with distinct addresses: slots are unique per host, and for
+`local` hosts (which share this machine) unique per machine.
+
+GPUs
+----
+A node advertises its GPUs with `--num-gpus` on every host, CPU-only `local` sandboxes included, and
+`gpu_indices` restricts it to the devices placement gave the cluster (CUDA_VISIBLE_DEVICES, which
+Ray honours and checks against `--num-gpus`). The same workload code (`num_gpus=1`, Ray Train's
+per-worker resources) then schedules identically on local and real clusters, and Ray's GPU counts
+are placement's. On a CPU host those GPU ids do not exist, so code that runs on clusters picks its
+device with `torch.cuda.is_available()`, never from Ray's GPU resource; the all-reduce probe asks
+Ray for no GPU at all (Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for zero-GPU tasks, so on a GPU
+host it still sees the node's devices).
+
+Process bookkeeping
+-------------------
+A node's files live in its workdir `~/volt/clusters/<cluster_id>/` on the host: `node.json` (what
+was started), `node.pid` ("PID PGID" of the detached `ray start --block`), `ray-node.log`. Every
+process of the node carries `VOLT_RAY_NODE=<cluster_id>@<host address>` in its environment: Ray
+puts its workers and job drivers in process groups of their own, so the recorded group alone does
+not find them all, the marker does (`/proc/<pid>/environ`, Linux hosts).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import shlex
+import time
+import urllib.request
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from inventory.drivers.base import CommandResult, DriverError, HostDriver
+
+PORT_BASE = 20000
+PORTS_PER_SLOT = 50
+MAX_SLOT = 99
+_WORKER_PORT_OFFSET = 15
+
+NODE_MARKER_VAR = "VOLT_RAY_NODE"
+_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# AF_UNIX socket paths are limited to 107 bytes; Ray puts its sockets ~64 characters below the temp dir
+# (<temp_dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store).
+_MAX_TEMP_DIR_CHARS = 40
+_START_TIMEOUT_S = 30.0
+_KILL_WAIT_S = 5.0
+_EARLY_EXIT_CHECK_S = 1
+
+
+class NodeStartFailed(DriverError):
+    """`ray start` could not be launched on a host (the message carries the host's output)."""
+
+    code = "ray_start_failed"
+
+
+class NodesNotReady(Exception):
+    """The head did not report the expected nodes ALIVE in time; `alive` / `missing` list node IPs."""
+
+    code = "nodes_not_ready"
+
+    def __init__(self, message: str, alive: Sequence[str] = (), missing: Sequence[str] = ()):
+        super().__init__(message)
+        self.alive = list(alive)
+        self.missing = list(missing)
+
+
+class JobTimedOut(Exception):
+    """A submitted job did not reach a terminal status in time (it was asked to stop)."""
+
+    code = "job_timeout"
+
+    def __init__(self, message: str, submission_id: str, status: str, logs: str):
+        super().__init__(message)
+        self.submission_id = submission_id
+        self.status = status
+        self.logs = logs
+
+
+@dataclass(frozen=True)
+class NodePorts:
+    """Every port one Ray node binds (see the module docstring for the per-slot layout)."""
+
+    gcs: int
+    dashboard: int
+    dashboard_agent_listen: int
+    dashboard_agent_grpc: int
+    node_manager: int
+    object_manager: int
+    metrics_export: int
+    runtime_env_agent: int
+    client_server: int
+    dashboard_metrics: int
+    autoscaler_metrics: int
+    min_worker: int
+    max_worker: int
+
+
+def ports_for(slot: int) -> NodePorts:
+    """The port block of `slot` (0..MAX_SLOT): 50 consecutive ports from 20000 + 50 * slot."""
+    if not 0 <= slot <= MAX_SLOT:
+        raise ValueError(
+            f"slot {slot} is outside 0..{MAX_SLOT} (ports {PORT_BASE}-{PORT_BASE + (MAX_SLOT + 1) * PORTS_PER_SLOT - 1})."
+        )
+    base = PORT_BASE + PORTS_PER_SLOT * slot
+    return NodePorts(
+        *(base + offset for offset in range(11)), base + _WORKER_PORT_OFFSET, base + PORTS_PER_SLOT - 1
+    )
+
+
+@dataclass(frozen=True)
+class NodeHandle:
+    """A started Ray node: where it runs, its detached process (group), ports and workdir on the host."""
+
+    host_address: str
+    pid: int
+    pgid: int
+    ports: NodePorts
+    workdir: str
+    is_head: bool
+
+    @property
+    def gcs_address(self) -> str:
+        """The cluster address workers join (meaningful for the head)."""
+        return f"{self.host_address}:{self.ports.gcs}"
+
+    @property
+    def dashboard_url(self) -> str:
+        """The head's HTTP endpoint for the state API and job submission (meaningful for the head)."""
+        return f"http://{self.host_address}:{self.ports.dashboard}"
+
+
+def workdir_for(cluster_id: str) -> str:
+    """The node's folder on a host, relative to the host user's home."""
+    _check_cluster_id(cluster_id)
+    return f"volt/clusters/{cluster_id}"
+
+
+def host_resource_name(host_id: str | int) -> str:
+    """The custom resource (1 per node) that pins tasks to one host: `volt_host_<host_id>`."""
+    return "volt_host_" + re.sub(r"[^A-Za-z0-9_]", "_", str(host_id))
+
+
+def start_head(
+    driver: HostDriver,
+    *,
+    cluster_id: str,
+    ports: NodePorts,
+    resources: Mapping[str, float] | None = None,
+    num_gpus: int = 0,
+    temp_dir: str,
+    python: str | None = None,
+    **options: Any,
+) -> NodeHandle:
+    """Start the head node of `cluster_id` on this host, or return it if it already runs; returns at once.
+
+    Idempotent: a node of this cluster already running here is returned as it is (NodeStartFailed if
+    it is not the one asked for: other role or ports). A `ray start` that exits at once (bad
+    interpreter, bad flag) raises NodeStartFailed with its output; one that keeps running but never
+    joins (wrong head address, port taken) shows in `wait_for_nodes` and `read_node_log`.
+
+    Optional keywords (same for workers): `num_cpus` (2), `host_id` (names the per-host resource;
+    default the node IP), `gpu_indices` (the host GPUs given to this cluster), `object_store_bytes`,
+    `env` (extra environment for the node), `node_ip` (the address Ray binds and advertises; default
+    the driver's address, which must then be an IP). The node is up when
+    `wait_for_nodes(handle.dashboard_url, 1, ...)` says so (~6-11 s here).
+    """
+    return _start_node(driver, cluster_id, ports, None, resources, num_gpus, temp_dir, python, **options)
+
+
+def start_worker(
+    driver: HostDriver,
+    *,
+    cluster_id: str,
+    head_address: str,
+    ports: NodePorts,
+    resources: Mapping[str, float] | None = None,
+    num_gpus: int = 0,
+    temp_dir: str,
+    python: str | None = None,
+    **options: Any,
+) -> NodeHandle:
+    """Start (or find already running) a worker node joining `head_address` (`ip:gcs_port`); see start_head."""
+    return _start_node(
+        driver, cluster_id, ports, head_address, resources, num_gpus, temp_dir, python, **options
+    )
+
+
+def _start_node(
+    driver: HostDriver,
+    cluster_id: str,
+    ports: NodePorts,
+    head_address: str | None,
+    resources: Mapping[str, float] | None,
+    num_gpus: int,
+    temp_dir: str,
+    python: str | None,
+    *,
+    num_cpus: int = 2,
+    host_id: str | int | None = None,
+    gpu_indices: Sequence[int] | None = None,
+    object_store_bytes: int | None = None,
+    env: Mapping[str, str] | None = None,
+    node_ip: str | None = None,
+) -> NodeHandle:
+    _check_temp_dir(temp_dir)
+    if gpu_indices is not None and len(gpu_indices) != num_gpus:
+        raise ValueError(f"num_gpus={num_gpus} but gpu_indices={list(gpu_indices)}: give one index per GPU.")
+    node_ip = node_ip or _ip_of(driver)
+    node_resources = {host_resource_name(host_id if host_id is not None else node_ip): 1, **(resources or {})}
+    command = [
+        *((shlex.quote(python), "-m", "ray.scripts.scripts") if python else ("ray",)),
+        "start", "--block", *_role_flags(head_address, node_ip, ports),
+        f"--node-ip-address={node_ip}",
+        f"--node-manager-port={ports.node_manager}",
+        f"--object-manager-port={ports.object_manager}",
+        f"--metrics-export-port={ports.metrics_export}",
+        f"--dashboard-agent-listen-port={ports.dashboard_agent_listen}",
+        f"--dashboard-agent-grpc-port={ports.dashboard_agent_grpc}",
+        f"--runtime-env-agent-port={ports.runtime_env_agent}",
+        f"--min-worker-port={ports.min_worker}",
+        f"--max-worker-port={ports.max_worker}",
+        f"--temp-dir={temp_dir}",
+        f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
+        shlex.quote("--resources=" + json.dumps(node_resources, sort_keys=True)),
+        "--disable-usage-stats", "--log-style=record", "--log-color=false",
+        *([f"--object-store-memory={object_store_bytes}"] if object_store_bytes is not None else []),
+    ]  # fmt: skip
+    node_env = {
+        NODE_MARKER_VAR: _marker(cluster_id, driver),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "DASHBOARD_METRIC_PORT": str(ports.dashboard_metrics),
+        "AUTOSCALER_METRIC_PORT": str(ports.autoscaler_metrics),
+        **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indices))} if gpu_indices is not None else {}),
+        **(env or {}),
+    }
+    meta = {"host_address": node_ip, "is_head": head_address is None, "ports": asdict(ports),
+            "temp_dir": temp_dir, "marker": node_env[NODE_MARKER_VAR]}  # fmt: skip
+    script = "\n".join(
+        [
+            "set +m",  # no job control: the background job is no group leader, so setsid makes it one in place
+            _list_function(cluster_id, driver),
+            _cd_workdir(cluster_id, create=True),
+            # One start at a time per node; the lock is released when this script exits (fd 9 is not inherited).
+            "exec 9> node.lock",
+            "flock -w 20 9 || { echo 'another start of this node holds node.lock' >&2; exit 4; }",
+            f"if [ -f node.pid ]; then read pid _g < node.pid; {_is_ours(cluster_id, driver)}"
+            " && { echo VOLT_RUNNING; exit 0; }; fi",
+            # Leftovers of a node whose `ray start` died would hold its ports: kill them first.
+            'left=$(volt_node_pids); if [ -n "$left" ]; then kill -KILL $left 2>/dev/null; sleep 1; fi',
+            "rm -f node.pid",
+            f"printf '%s\\n' {shlex.quote(json.dumps(meta))} > node.json",
+            f"mkdir -p {shlex.quote(temp_dir)}",
+            *(f"export {key}={shlex.quote(value)}" for key, value in node_env.items()),
+            f"setsid nohup {' '.join(command)} > ray-node.log 2>&1 < /dev/null 9>&- &",
+            "pid=$!",
+            'echo "$pid $pid" > node.pid',  # setsid made it the leader of its own session and group
+            # A bad interpreter or flag fails at once; ours until this script exits, so a zombie if so.
+            f"sleep {_EARLY_EXIT_CHECK_S}",
+            's=$(ps -o stat= -p "$pid"); if [ -z "$s" ] || [ "${s#Z}" != "$s" ]; then',
+            "  echo 'ray start exited at once:' >&2; tail -n 20 ray-node.log >&2; rm -f node.pid; exit 3",
+            "fi",
+            'echo "VOLT_NODE $pid $(pwd -P)"',
+        ]
+    )
+    result = driver.run(script, timeout=_START_TIMEOUT_S + 20)
+    if result.ok and result.stdout.strip() == "VOLT_RUNNING":
+        return _running_node(driver, cluster_id, ports, head_address is None)
+    match = re.search(r"^VOLT_NODE (\d+) (\S+)$", result.stdout, re.MULTILINE)
+    if not result.ok or match is None:
+        raise NodeStartFailed(f"could not start Ray on {driver.address}: {_output(result)}")
+    pid = int(match.group(1))
+    return NodeHandle(node_ip, pid, pid, ports, match.group(2), head_address is None)
+
+
+def _running_node(driver: HostDriver, cluster_id: str, ports: NodePorts, is_head: bool) -> NodeHandle:
+    """The node already running for this cluster here, if it is the one asked for."""
+    existing = find_node(driver, cluster_id)
+    if existing is None:  # it exited between the two calls
+        raise NodeStartFailed(f"the Ray node of {cluster_id} on {driver.address} exited while being started.")
+    if existing.ports != ports or existing.is_head != is_head:
+        role = "head" if existing.is_head else "worker"
+        raise NodeStartFailed(
+            f"a {role} node of {cluster_id} already runs on {driver.address} with GCS/dashboard ports "
+            f"{existing.ports.gcs}/{existing.ports.dashboard}; stop it before starting a different one."
+        )
+    return existing
+
+
+def _role_flags(head_address: str | None, node_ip: str, ports: NodePorts) -> list[str]:
+    if head_address is not None:
+        return [f"--address={head_address}"]
+    return [
+        "--head",
+        f"--port={ports.gcs}",
+        "--include-dashboard=true",
+        f"--dashboard-host={node_ip}",
+        f"--dashboard-port={ports.dashboard}",
+        f"--ray-client-server-port={ports.client_server}",
+    ]
+
+
+def _ip_of(driver: HostDriver) -> str:
+    for candidate in (driver.address, getattr(driver, "host", None)):
+        try:
+            return str(ipaddress.ip_address(candidate))
+        except (TypeError, ValueError):
+            continue
+    raise ValueError(
+        f"{driver.address} has no IP address to give Ray; pass node_ip= (the address peers reach)."
+    )
+
+
+def find_node(driver: HostDriver, cluster_id: str) -> NodeHandle | None:
+    """The running node of `cluster_id` on this host, or None (no pid file, or its process is gone)."""
+    script = "\n".join(
+        [
+            _cd_workdir(cluster_id) + " 2>/dev/null || exit 0",
+            "[ -f node.pid ] && [ -f node.json ] || exit 0",
+            "read pid pgid < node.pid",
+            f"{_is_ours(cluster_id, driver)} || exit 0",
+            'echo "VOLT_NODE $pid $pgid $(pwd -P)"',
+            "cat node.json",
+        ]
+    )
+    result = driver.run(script, timeout=_START_TIMEOUT_S)
+    match = re.search(r"^VOLT_NODE (\d+) (\d+) (\S+)\n(.*)$", result.stdout, re.MULTILINE | re.DOTALL)
+    if match is None:
+        return None
+    meta = json.loads(match.group(4))
+    return NodeHandle(
+        meta["host_address"], int(match.group(1)), int(match.group(2)), NodePorts(**meta["ports"]),
+        match.group(3), meta["is_head"],
+    )  # fmt: skip
+
+
+def node_processes(driver: HostDriver, cluster_id: str) -> list[int]:
+    """PIDs of every live (non-zombie) process of `cluster_id`'s node on this host; [] when none."""
+    script = "\n".join([_list_function(cluster_id, driver), "volt_node_pids"])
+    result = driver.run(script, timeout=_START_TIMEOUT_S)
+    if not result.ok:
+        raise DriverError(f"could not list the Ray processes on {driver.address}: {_output(result)}")
+    return sorted(int(word) for word in result.stdout.split() if word.isdigit())
+
+
+def stop_node(driver: HostDriver, node: NodeHandle | str, grace_s: float = 3.0) -> list[int]:
+    """Stop one node: SIGTERM its process group, SIGKILL everything of the node after `grace_s`.
+
+    `node` is a handle, its workdir or the cluster id. A head drains for ~30 s on SIGTERM, so the
+    grace stays short (a worker is gone in under a second). Idempotent; touches only this node's
+    processes. Returns the PIDs still alive afterwards (normally []).
+    """
+    cluster_id = _cluster_id_of(node)
+    script = "\n".join(
+        [
+            _list_function(cluster_id, driver),
+            "now_ms() { echo $(( $(date +%s%N) / 1000000 )); }",
+            # wait_gone MS: poll until no process of the node is left or MS milliseconds passed.
+            'wait_gone() { end=$(( $(now_ms) + $1 )); while [ -n "$(volt_node_pids)" ]; do '
+            '[ "$(now_ms)" -ge "$end" ] && return 1; sleep 0.2; done; }',
+            _cd_workdir(cluster_id) + " 2>/dev/null || true",
+            'pgid=""; [ -f node.pid ] && read _pid pgid < node.pid',
+            '[ -n "$pgid" ] && kill -TERM -- "-$pgid" 2>/dev/null',
+            f"if ! wait_gone {int(grace_s * 1000)}; then",
+            '  [ -n "$pgid" ] && kill -KILL -- "-$pgid" 2>/dev/null',
+            "  kill -KILL $(volt_node_pids) 2>/dev/null",
+            f"  wait_gone {int(_KILL_WAIT_S * 1000)}",
+            "fi",
+            'left=$(volt_node_pids | tr "\\n" " ")',
+            '[ -z "$left" ] && rm -f node.pid',
+            'echo "LEFT $left"',
+        ]
+    )
+    result = driver.run(script, timeout=grace_s + _KILL_WAIT_S + 20)
+    match = re.search(r"^LEFT (.*)$", result.stdout, re.MULTILINE)
+    if match is None:
+        raise DriverError(
+            f"could not stop the Ray node of {cluster_id} on {driver.address}: {_output(result)}"
+        )
+    return [int(word) for word in match.group(1).split()]
+
+
+def read_node_log(driver: HostDriver, node: NodeHandle | str, lines: int = 40) -> str:
+    """The last `lines` of the node's `ray start` output (for error messages)."""
+    result = driver.run(
+        f"{_cd_workdir(_cluster_id_of(node))} && tail -n {int(lines)} ray-node.log", timeout=10
+    )
+    return result.stdout if result.ok else ""
+
+
+def wait_for_nodes(
+    dashboard_url: str,
+    expected: int,
+    timeout_s: float,
+    *,
+    expected_ips: Collection[str] | None = None,
+    poll_s: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Poll the head's state API until `expected` nodes (and every one of `expected_ips`) are ALIVE.
+
+    Returns the ALIVE nodes (state API records: node_id, node_ip, is_head_node, state, resources_total,
+    ...). Raises NodesNotReady after `timeout_s`, naming the IPs that joined and those that did not.
+    """
+    deadline = time.monotonic() + timeout_s
+    wanted = set(expected_ips or ())
+    alive: list[dict[str, Any]] = []
+    error = "no answer yet"
+    while True:
+        try:
+            alive = [
+                node for node in _list_nodes(dashboard_url, timeout_s=5.0) if node.get("state") == "ALIVE"
+            ]
+            error = ""
+        except (OSError, ValueError) as exc:  # URLError, refused, timeouts, half-started dashboard
+            error = f"{type(exc).__name__}: {exc}"
+        ips = {node.get("node_ip") for node in alive}
+        if not error and len(alive) >= expected and wanted <= ips:
+            return alive
+        if time.monotonic() + poll_s > deadline:
+            break
+        time.sleep(poll_s)
+    joined = sorted(ip for ip in ips if ip)
+    missing = sorted(wanted - ips)
+    detail = f"the dashboard did not answer ({error})" if error and not alive else (
+        f"{len(alive)} of {expected} nodes ALIVE; joined: {', '.join(joined) or 'none'}; "
+        f"not joined: {', '.join(missing) if missing else ('unknown' if not wanted else 'none')}"
+    )  # fmt: skip
+    raise NodesNotReady(
+        f"Ray cluster at {dashboard_url} not ready after {timeout_s:g} s: {detail}.", joined, missing
+    )
+
+
+def _list_nodes(dashboard_url: str, timeout_s: float) -> list[dict[str, Any]]:
+    url = f"{dashboard_url.rstrip('/')}/api/v0/nodes?limit=10000&timeout={max(1, int(timeout_s))}"
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        body = json.load(response)
+    if not body.get("result", False):
+        raise ValueError(f"state API error: {body.get('msg', body)}")
+    return body["data"]["result"]["result"]
+
+
+def submit_job(
+    dashboard_url: str,
+    entrypoint: str,
+    runtime_env: Mapping[str, Any] | None = None,
+    timeout_s: float = 300.0,
+    *,
+    submission_id: str | None = None,
+    poll_s: float = 0.5,
+) -> tuple[str, str]:
+    """Submit a Ray job over HTTP, wait for a terminal status; return (status, logs).
+
+    Status is a `ray.job_submission.JobStatus` value ("SUCCEEDED", "FAILED", "STOPPED"). Past
+    `timeout_s` the job is asked to stop and JobTimedOut is raised with its logs so far.
+    """
+    from ray.job_submission import JobStatus, JobSubmissionClient  # heavy import: only when used
+
+    client = JobSubmissionClient(dashboard_url)
+    job_id = client.submit_job(
+        entrypoint=entrypoint, runtime_env=dict(runtime_env or {}), submission_id=submission_id
+    )
+    deadline = time.monotonic() + timeout_s
+    status = client.get_job_status(job_id)
+    while not status.is_terminal():
+        if time.monotonic() > deadline:
+            try:
+                client.stop_job(job_id)
+            finally:
+                logs = _logs_or_empty(client, job_id)
+            raise JobTimedOut(
+                f"job {job_id} on {dashboard_url} still {status.value} after {timeout_s:g} s; asked it to stop.",
+                job_id, status.value, logs,
+            )  # fmt: skip
+        time.sleep(poll_s)
+        status = client.get_job_status(job_id)
+    return JobStatus(status).value, _logs_or_empty(client, job_id)
+
+
+def _logs_or_empty(client: Any, job_id: str) -> str:
+    try:
+        return client.get_job_logs(job_id)
+    except Exception:  # noqa: BLE001 - logs are best effort next to a status
+        return ""
+
+
+def _list_function(cluster_id: str, driver: HostDriver) -> str:
+    """Shell function `volt_node_pids`: the node's live processes, its recorded group plus every marked one.
+
+    Zombies are left out: they are dead already and their parent (or init) reaps them.
+    """
+    marker = shlex.quote(f"{NODE_MARKER_VAR}={_marker(cluster_id, driver)}")
+    pid_file = f"{_workdir_expr(cluster_id)}/node.pid"
+    return (
+        "volt_node_pids() {\n"
+        f'  g=""; [ -f {pid_file} ] && read _p g < {pid_file}\n'
+        f"  m=\" $(grep -lzxF {marker} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | tr '\\n' ' ')\"\n"
+        '  ps -eo pid=,pgid=,stat= | awk -v g="$g" -v m="$m" '
+        '\'$3 !~ /^Z/ && ($2 == g || index(m, " " $1 " ")) {print $1}\'\n'
+        "}"
+    )
+
+
+def _is_ours(cluster_id: str, driver: HostDriver) -> str:
+    """Shell test: process $pid is alive and this node's (a recycled PID would not carry the marker)."""
+    marker = shlex.quote(f"{NODE_MARKER_VAR}={_marker(cluster_id, driver)}")
+    return f'grep -qzxF {marker} "/proc/$pid/environ" 2>/dev/null'
+
+
+def _marker(cluster_id: str, driver: HostDriver) -> str:
+    return f"{cluster_id}@{driver.address}"
+
+
+def _workdir_expr(cluster_id: str) -> str:
+    return f'"$HOME/{workdir_for(cluster_id)}"'
+
+
+def _cd_workdir(cluster_id: str, create: bool = False) -> str:
+    path = _workdir_expr(cluster_id)
+    return f"mkdir -p {path} && cd {path}" if create else f"cd {path}"
+
+
+def _cluster_id_of(node: NodeHandle | str) -> str:
+    """A handle, a workdir path (its last part is the cluster id) or a bare cluster id."""
+    path = node.workdir if isinstance(node, NodeHandle) else node
+    cluster_id = path.rstrip("/").rsplit("/", 1)[-1]
+    _check_cluster_id(cluster_id)
+    return cluster_id
+
+
+def _check_cluster_id(cluster_id: str) -> None:
+    if not _CLUSTER_ID.match(cluster_id):
+        raise ValueError(f"cluster id {cluster_id!r}: use letters, digits, '_', '.', '-' (at most 64).")
+
+
+def _check_temp_dir(temp_dir: str) -> None:
+    if (
+        not temp_dir.startswith("/")
+        or len(temp_dir) > _MAX_TEMP_DIR_CHARS
+        or not re.match(r"^[\w/.-]+$", temp_dir)
+    ):
+        raise ValueError(
+            f"temp_dir {temp_dir!r}: give an absolute path of at most {_MAX_TEMP_DIR_CHARS} plain characters "
+            "(Ray's socket paths below it must fit in 107 bytes), e.g. /tmp/volt-ray/<cluster>-<slot>."
+        )
+
+
+def _output(result: CommandResult) -> str:
+    text = (result.stderr.strip() or result.stdout.strip())[-2000:]
+    return f"exit {result.exit_status}: {text or '(no output)'}"

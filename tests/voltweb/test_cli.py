@@ -1,0 +1,262 @@
+"""The `volt` command-line client against a real server (live_server) and, for --wait, a real Celery worker.
+
+What a CI pipeline sees: the JSON on stdout, the messages on stderr and the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from django.conf import settings
+
+from clusters import services as clusters
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster
+from inventory import services as inventory
+from inventory.choices import HostState
+from voltweb import cli
+from voltweb import services as accounts
+from voltweb.celery import app as celery_app
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CREATE = ["clusters", "create", "--name", "ci-run", "--gpu", "H100:8"]
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self):
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def worker():
+    """A real worker thread on every Volt queue, fed by the Redis broker."""
+    with celery_app.connection_for_write() as conn:
+        for queue in settings.VOLT_QUEUES:
+            conn.default_channel.queue_purge(queue)
+    with start_worker(
+        celery_app,
+        pool="solo",
+        perform_ping_check=False,
+        queues=list(settings.VOLT_QUEUES),
+        shutdown_timeout=20,
+    ):
+        yield
+
+
+@pytest.fixture
+def hosts(northwind_ib, make_host):
+    """Two free H100 x 8 hosts in one block, and a cordoned third: 3 nodes are possible, but not now."""
+    r01 = northwind_ib.blocks.order_by("name").first()
+    return [make_host(r01), make_host(r01), make_host(r01, state=HostState.CORDONED)]
+
+
+@pytest.fixture
+def token(alice):
+    return accounts.create_api_token(alice, "ci").secret
+
+
+@pytest.fixture
+def volt(live_server, token, monkeypatch, capsys):
+    """`volt(*argv)` runs the CLI in-process as alice's pipeline would, against the live server."""
+    monkeypatch.setenv("VOLT_URL", live_server.url)
+    monkeypatch.setenv("VOLT_TOKEN", token)
+    monkeypatch.setenv("VOLT_POLL_INTERVAL", "0.2")
+
+    def run(*argv: str) -> Run:
+        capsys.readouterr()
+        code = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    return run
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_create_prints_the_requested_cluster(volt, hosts):
+    run = volt(
+        *CREATE, "--nodes", "2", "--interconnect", "infiniband", "--require-interconnect", "--priority", "5"
+    )
+
+    assert run.code == 0, run.err
+    cluster = run.json
+    assert cluster["status"] == "pending" and cluster["name"] == "ci-run" and cluster["team"] == "lab-a"
+    stored = Cluster.objects.get(pk=cluster["id"]).spec
+    assert stored["gpus_per_node"] == 8 and stored["gpu_models"] == ["H100"] and stored["priority"] == 5
+    assert stored["interconnect"] == ["infiniband"] and stored["interconnect_mode"] == "required"
+
+
+def test_impossible_spec_exits_1_with_the_apis_field_message(volt, hosts):
+    run = volt("clusters", "create", "--nodes", "2", "--gpu", "H100:9")
+
+    assert run.code == 1 and run.out == ""
+    assert "400 invalid: gpus_per_node: 9 GPUs per node asked; the largest H100 host has 8" in run.err
+    assert not Cluster.objects.exists()
+
+
+def test_alternatives_must_ask_the_same_gpus_per_node(volt):
+    run = volt("clusters", "create", "--nodes", "2", "--gpu", "H100:8", "--gpu", "A100:4")
+
+    assert run.code == 1 and "same GPUs per node (H100:8, A100:4)" in run.err
+
+
+def test_missing_token_exits_1_saying_where_to_get_one(volt, monkeypatch):
+    monkeypatch.delenv("VOLT_TOKEN")
+
+    run = volt("clusters", "list")
+
+    assert run.code == 1 and "no API token: set VOLT_TOKEN" in run.err
+
+
+def test_bad_token_exits_1_with_401(volt):
+    run = volt("clusters", "list", "--token", "volt_not-a-real-token")
+
+    assert run.code == 1 and "401" in run.err and "VOLT_TOKEN" in run.err
+
+
+def test_get_list_events_and_terminate(volt, hosts):
+    cluster_id = volt(*CREATE, "--nodes", "2").json["id"]
+    clusters.place_cluster(cluster_id)
+
+    got = volt("clusters", "get", str(cluster_id))
+    assert got.code == 0 and got.json["status"] == "provisioning" and len(got.json["nodes"]) == 2
+    assert [c["id"] for c in volt("clusters", "list", "--status", "provisioning").json] == [cluster_id]
+    assert volt("clusters", "list", "--status", "queued", "--all-pages").json == []
+    events = volt("clusters", "events", str(cluster_id)).json
+    assert [e["to_status"] for e in events] == ["pending", "placing", "provisioning"]
+
+    ended = volt("clusters", "terminate", str(cluster_id), "--wait")
+    assert ended.code == 0 and ended.json["status"] == "terminated"
+    again = volt("clusters", "terminate", str(cluster_id))
+    assert again.code == 1 and "409 illegal_transition" in again.err
+    assert volt("clusters", "terminate", str(cluster_id), "--ok-if-ended").code == 0
+
+
+def test_another_teams_cluster_is_not_found(volt, hosts, bob):
+    cluster_id = volt(*CREATE, "--nodes", "2").json["id"]
+
+    run = volt("clusters", "get", str(cluster_id), "--token", accounts.create_api_token(bob, "ci").secret)
+
+    assert run.code == 1 and "not found" in run.err.lower()
+
+
+def test_failed_cluster_exits_2_with_its_failure_reason(volt, hosts):
+    cluster_id = volt(*CREATE, "--nodes", "2").json["id"]
+    for host in hosts:  # the provider retires every host before placement runs
+        inventory.act_on_host(host, "retire")
+    clusters.place_cluster(cluster_id)
+
+    run = volt("clusters", "wait", str(cluster_id))
+
+    assert run.code == 2
+    assert run.json["status"] == "failed" and run.json["failure_reason"] == "config_invalid"
+    assert "failed (config_invalid)" in run.err
+
+
+def test_preview_shows_the_plan_without_allocating(volt, hosts):
+    run = volt("clusters", "preview", "--nodes", "2", "--gpu", "H100:8", "--topology", "block")
+
+    assert run.code == 0 and run.json["placed"] and run.json["spanned_level"] == "block"
+    assert not Cluster.objects.exists()
+
+
+@pytest.mark.integration
+def test_create_waits_for_placement_through_the_worker(volt, hosts, worker):
+    run = volt(*CREATE, "--nodes", "2", "--wait-for", "provisioning")
+
+    assert run.code == 0, run.err
+    assert run.json["status"] == "provisioning" and len(run.json["nodes"]) == 2
+    assert "pending" in run.err and "provisioning (2 x H100" in run.err
+
+
+@pytest.mark.integration
+def test_wait_exits_3_when_the_queued_cluster_is_terminated_meanwhile(
+    volt, hosts, worker, live_server, token
+):
+    def terminate_once_queued():
+        api = cli.Client(live_server.url, token)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            queued = api.get("/clusters/", {"status": "queued"})["results"]
+            if queued:
+                time.sleep(1)  # several polls: the pipeline sees it queued first
+                api.post(f"/clusters/{queued[0]['id']}/terminate/")
+                return
+            time.sleep(0.1)
+
+    operator = threading.Thread(target=terminate_once_queued)
+    operator.start()
+    run = volt(*CREATE, "--nodes", "3", "--wait", "--timeout", "30")
+    operator.join()
+
+    assert run.code == 3, run.err
+    assert run.json["status"] == "terminated" and "queued (position 1" in run.err
+
+
+@pytest.mark.integration
+def test_wait_times_out_with_exit_4_on_a_queued_cluster(volt, hosts, worker):
+    started = time.monotonic()
+    run = volt(*CREATE, "--nodes", "3", "--wait", "--timeout", "1")
+
+    assert run.code == 4 and time.monotonic() - started < 10
+    assert "timed out after 1 s waiting for ready" in run.err
+    assert run.json["status"] in {"pending", "placing", "queued"}  # the id is there for the cleanup step
+
+
+def test_unreachable_server_exits_1(volt):
+    url = f"http://127.0.0.1:{closed_port()}"
+
+    run = volt("clusters", "list", "--url", url)
+
+    assert run.code == 1 and f"cannot reach Volt at {url}" in run.err
+
+
+def test_the_file_runs_on_a_bare_python_without_django():
+    """-S -I: no site-packages, so any import beyond the standard library would fail."""
+    url = f"http://127.0.0.1:{closed_port()}"
+    command = [sys.executable, "-S", "-I", str(Path(cli.__file__)), "clusters", "get", "1", "--url", url]
+
+    done = subprocess.run(command, env={"VOLT_TOKEN": "t"}, capture_output=True, text=True, timeout=30)
+
+    assert done.returncode == 1 and "cannot reach Volt" in done.stderr
+
+
+def test_statuses_are_the_apis():
+    assert cli.STATUSES == tuple(ClusterStatus.values)
+
+
+@pytest.mark.parametrize(
+    ("status", "targets", "code"),
+    [
+        ("ready", ("ready",), 0),
+        ("verifying", ("provisioning",), 0),  # the poll missed provisioning: placed all the same
+        ("queued", ("ready",), None),
+        ("degraded", ("ready",), None),
+        ("failed", ("ready",), 2),
+        ("terminating", ("ready",), 3),
+        ("terminating", ("terminated",), None),
+        ("terminated", ("terminated",), 0),
+    ],
+)
+def test_how_a_wait_ends_at_each_status(status, targets, code):
+    assert cli.outcome(status, targets) == code

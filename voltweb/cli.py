@@ -1,0 +1,551 @@
+"""`volt`: a command-line client over the REST API, for CI pipelines (docs/cli.md).
+
+Standard library only and no Django import, so the file runs wherever Python 3.11 does, even copied on
+its own (`python3 cli.py clusters list`). JSON goes to stdout, progress and errors to stderr, and the
+exit code says how it ended: 0 ok, 1 usage/HTTP/network error, 2 cluster failed, 3 cluster terminated,
+4 timed out waiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+__version__ = "0.1.0"
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_WAIT_TIMEOUT_S = 1800
+DEFAULT_POLL_INTERVAL_S = 2.0
+HTTP_TIMEOUT_S = 30
+LIST_PAGE_SIZE = 500
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_FAILED = 2
+EXIT_TERMINATED = 3
+EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130
+
+# The API's cluster statuses (clusters.choices.ClusterStatus; a test keeps the two equal). Copied
+# because this client must not import Django.
+STATUSES = (
+    "pending",
+    "placing",
+    "queued",
+    "provisioning",
+    "verifying",
+    "ready",
+    "degraded",
+    "recovering",
+    "terminating",
+    "terminated",
+    "failed",
+)
+# The bring-up path in order: waiting for one of these is also satisfied by any later one, so a poll
+# that missed `provisioning` because the cluster was already `ready` still ends the wait.
+BRING_UP = ("pending", "placing", "queued", "provisioning", "verifying", "ready")
+ENDING = ("terminating", "terminated")
+# Answers worth polling through while waiting: the server restarting or a proxy hiccup.
+TRANSIENT_HTTP = {502, 503, 504}
+
+
+class CliError(Exception):
+    """Ends the command: `message` on stderr, `exit_code` as the process status."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class UsageError(CliError):
+    """The command line itself is wrong."""
+
+
+class Unreachable(CliError):
+    """No HTTP answer at all: DNS, refused connection, TLS, timeout."""
+
+
+class ApiError(CliError):
+    """The API answered with an error: its status, code, message and per-field messages."""
+
+    def __init__(self, status: int, code: str, message: str, fields: dict | None = None):
+        self.status, self.code, self.fields = status, code, fields or {}
+        super().__init__(self._describe(message))
+
+    def _describe(self, message: str) -> str:
+        text = f"{self.status} {self.code}: {message}"
+        # The API's message names the first field; list the others so one run shows every problem.
+        for field, problems in list(self.fields.items())[1:]:
+            text += (
+                f"\n  {field}: {'; '.join(map(str, problems if isinstance(problems, list) else [problems]))}"
+            )
+        if self.status == 401:
+            text += "\n  check VOLT_TOKEN: the token may be mistyped, expired or revoked"
+        return text
+
+
+# --- HTTP -----------------------------------------------------------------------------------------
+
+
+class Client:
+    """JSON over HTTP to /api/v1/ with a bearer token."""
+
+    def __init__(self, base_url: str, token: str, http_timeout_s: float = HTTP_TIMEOUT_S):
+        self.base_url = base_url
+        self.api_root = base_url + "/api/v1"
+        self.token = token
+        self.http_timeout_s = http_timeout_s
+
+    def get(self, path: str, params: dict | None = None) -> Any:
+        query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
+        return self.request("GET", self.api_root + path + (f"?{query}" if query else ""))
+
+    def post(self, path: str, body: dict | None = None) -> Any:
+        return self.request("POST", self.api_root + path, body)
+
+    def all_pages(self, path: str, params: dict | None = None) -> list:
+        """Every result of a paginated collection, following `next` links."""
+        page = self.get(path, params)
+        results = list(page["results"])
+        while page.get("next"):
+            page = self.request("GET", page["next"])
+            results += page["results"]
+        return results
+
+    def request(self, method: str, url: str, body: dict | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method, headers=self._headers(data))
+        try:
+            with urllib.request.urlopen(request, timeout=self.http_timeout_s) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            raise _api_error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise Unreachable(f"cannot reach Volt at {self.base_url}: {reason}") from None
+        try:
+            return json.loads(payload)
+        except ValueError:
+            raise CliError(f"{url} did not answer JSON; is {self.base_url} a Volt server?") from None
+
+    def _headers(self, data: bytes | None) -> dict[str, str]:
+        headers = {
+            "Authorization": f"Bearer {self.token}",
+            "Accept": "application/json",
+            "User-Agent": f"volt-cli/{__version__}",
+        }
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        return headers
+
+
+def _api_error(exc: urllib.error.HTTPError) -> ApiError:
+    try:
+        raw = exc.read()
+    except OSError:
+        raw = b""
+    try:
+        error = json.loads(raw)["error"]
+        return ApiError(exc.code, error.get("code", "error"), error.get("message", ""), error.get("fields"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = raw.decode("utf-8", "replace").strip()[:200]
+        return ApiError(exc.code, str(exc.reason or "error").lower().replace(" ", "_"), text or "no details")
+
+
+# --- waiting --------------------------------------------------------------------------------------
+
+
+def reached(status: str, targets: Sequence[str]) -> bool:
+    """True if `status` is a target, or further along the bring-up path than a target is."""
+    if status in targets:
+        return True
+    if status not in BRING_UP:
+        return False
+    return any(t in BRING_UP and BRING_UP.index(status) > BRING_UP.index(t) for t in targets)
+
+
+def outcome(status: str, targets: Sequence[str]) -> int | None:
+    """The exit code the wait ends with at `status`, or None to keep waiting."""
+    if reached(status, targets):
+        return EXIT_OK
+    if status == "failed":
+        return EXIT_FAILED
+    if status in ENDING and not set(ENDING) & set(targets):
+        return EXIT_TERMINATED
+    return None
+
+
+def wait(client: Client, cluster: dict, targets: Sequence[str], timeout_s: float) -> int:
+    """Poll the cluster until a target status, failure, termination or the timeout; print it last seen."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    interval = _poll_interval()
+    shown = None
+    while True:
+        if cluster["status"] != shown:
+            _progress(f"{_label(cluster)}: {_status_line(cluster)} [{time.monotonic() - started:.0f}s]")
+            shown = cluster["status"]
+        code = outcome(cluster["status"], targets)
+        if code is None and time.monotonic() >= deadline:
+            code = EXIT_TIMEOUT
+        if code is not None:
+            _emit(cluster)
+            _say_how_it_ended(cluster, code, targets, timeout_s)
+            return code
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+        cluster = _poll(client, cluster["id"], deadline, interval)
+
+
+def _poll(client: Client, cluster_id: int, deadline: float, interval: float) -> dict:
+    """The cluster now; a server restarting mid-wait is retried until the deadline, not fatal."""
+    while True:
+        try:
+            return client.get(f"/clusters/{cluster_id}/")
+        except (Unreachable, ApiError) as exc:
+            transient = isinstance(exc, Unreachable) or exc.status in TRANSIENT_HTTP
+            if not transient or time.monotonic() >= deadline:
+                raise
+            _progress(f"{exc}; retrying")
+            time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+
+def _say_how_it_ended(cluster: dict, code: int, targets: Sequence[str], timeout_s: float) -> None:
+    if code == EXIT_FAILED:
+        reason = cluster.get("failure_reason") or "unknown reason"
+        _progress(f"{_label(cluster)} failed ({reason}): {cluster.get('failure_message') or 'no details'}")
+    elif code == EXIT_TERMINATED:
+        _progress(f"{_label(cluster)} was {cluster['status']} before it became {' or '.join(targets)}")
+    elif code == EXIT_TIMEOUT:
+        _progress(
+            f"timed out after {timeout_s:g} s waiting for {' or '.join(targets)}; "
+            f"{_label(cluster)} is still {_status_line(cluster)}"
+        )
+
+
+def _status_line(cluster: dict) -> str:
+    status = cluster["status"]
+    if status == "queued":
+        return (
+            f"queued (position {cluster.get('queue_position')}: {cluster.get('queue_reason') or 'no reason'})"
+        )
+    if status == "failed":
+        return f"failed ({cluster.get('failure_reason')})"
+    if status in ("provisioning", "verifying", "ready") and cluster.get("price_per_hour"):
+        nodes = len(cluster.get("nodes") or [])
+        return f"{status} ({nodes} x {cluster.get('gpu_model')}, ${cluster['price_per_hour']}/hour)"
+    return status
+
+
+def _label(cluster: dict) -> str:
+    return f"cluster {cluster['id']} ({cluster.get('name')})"
+
+
+def _poll_interval() -> float:
+    raw = os.environ.get("VOLT_POLL_INTERVAL", "")
+    try:
+        return max(0.1, float(raw)) if raw else DEFAULT_POLL_INTERVAL_S
+    except ValueError:
+        raise UsageError(f"VOLT_POLL_INTERVAL must be a number of seconds, not {raw!r}") from None
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def cmd_create(client: Client, args: argparse.Namespace) -> int:
+    cluster = client.post("/clusters/", build_spec(args))
+    if not _waits(args):
+        _emit(cluster)
+        return EXIT_OK
+    return wait(client, cluster, args.wait_for or ("ready",), args.timeout)
+
+
+def cmd_preview(client: Client, args: argparse.Namespace) -> int:
+    _emit(client.post("/placements/preview", build_spec(args)))
+    return EXIT_OK
+
+
+def cmd_get(client: Client, args: argparse.Namespace) -> int:
+    _emit(_get_cluster(client, args.id))
+    return EXIT_OK
+
+
+def cmd_list(client: Client, args: argparse.Namespace) -> int:
+    params = {"status": args.status, "team__slug": args.team}
+    if args.all_pages:
+        _emit(client.all_pages("/clusters/", params | {"page_size": LIST_PAGE_SIZE}))
+    else:
+        _emit(client.get("/clusters/", params)["results"])
+    return EXIT_OK
+
+
+def cmd_events(client: Client, args: argparse.Namespace) -> int:
+    _emit(client.all_pages(f"/clusters/{args.id}/events/", {"page_size": LIST_PAGE_SIZE}))
+    return EXIT_OK
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    return wait(client, _get_cluster(client, args.id), args.wait_for or ("ready",), args.timeout)
+
+
+def cmd_terminate(client: Client, args: argparse.Namespace) -> int:
+    try:
+        cluster = client.post(f"/clusters/{args.id}/terminate/")
+    except ApiError as exc:
+        if not (args.ok_if_ended and exc.code == "illegal_transition"):
+            raise
+        cluster = _get_cluster(client, args.id)
+        _progress(f"{_label(cluster)} had already ended: {cluster['status']}")
+        _emit(cluster)
+        return EXIT_OK
+    if not args.wait:
+        _emit(cluster)
+        return EXIT_OK
+    return wait(client, cluster, ("terminated",), args.timeout)
+
+
+def _get_cluster(client: Client, cluster_id: int) -> dict:
+    try:
+        return client.get(f"/clusters/{cluster_id}/")
+    except ApiError as exc:
+        if exc.status == 404:
+            raise ApiError(
+                404, exc.code, f"cluster {cluster_id} not found (or it belongs to another team)"
+            ) from None
+        raise
+
+
+def _waits(args: argparse.Namespace) -> bool:
+    return bool(args.wait or args.wait_for)
+
+
+def build_spec(args: argparse.Namespace) -> dict:
+    """The API's cluster spec from the create/preview flags; unset flags keep the server's defaults."""
+    per_node = {count for _model, count in args.gpu}
+    if len(per_node) > 1:
+        asked = ", ".join(f"{m}:{c}" for m, c in args.gpu)
+        raise UsageError(f"every --gpu must ask the same GPUs per node ({asked})")
+    spec: dict[str, Any] = {
+        "nodes": args.nodes,
+        "gpus_per_node": per_node.pop(),
+        "gpu_models": [model for model, _count in args.gpu],
+        "model_policy": "ordered" if args.ordered else "any_of",
+    }
+    optional = {
+        "name": args.name,
+        "team": args.team,
+        "priority": args.priority,
+        "regions": args.region,
+        "max_price_per_gpu_hour": args.max_price,
+        "parallelism": args.parallelism,
+        "pipeline_stages": args.pipeline_stages,
+    }
+    spec |= {key: value for key, value in optional.items() if value is not None}
+    spec |= _constraint("interconnect", args.interconnect, args.require_interconnect)
+    spec |= _constraint("topology", args.topology, args.require_topology)
+    return spec
+
+
+def _constraint(name: str, value: Any, required: bool) -> dict:
+    """`--interconnect X` prefers X; with `--require-interconnect` it must hold (same for topology)."""
+    if value is None:
+        if required:
+            raise UsageError(f"--require-{name} needs --{name}")
+        return {}
+    key = "topology_level" if name == "topology" else name
+    return {key: value, f"{name}_mode": "required" if required else "preferred"}
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 1 (argparse's own 2 means "cluster failed" here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _gpu(value: str) -> tuple[str, int]:
+    model, _, count = value.rpartition(":")
+    if not model.strip() or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not MODEL:COUNT, e.g. H100:8")
+    return model.strip(), int(count)
+
+
+def _statuses(value: str) -> tuple[str, ...]:
+    statuses = tuple(s.strip() for s in value.split(",") if s.strip())
+    unknown = [s for s in statuses if s not in STATUSES]
+    if unknown or not statuses:
+        raise argparse.ArgumentTypeError(f"{value!r}: statuses are {', '.join(STATUSES)}")
+    return statuses
+
+
+def _cluster_id(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a cluster id (a positive number)")
+    return int(value)
+
+
+def _connection_flags() -> argparse.ArgumentParser:
+    # SUPPRESS: a flag given after the subcommand must not be reset by the one before it, and vice versa.
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--url", default=argparse.SUPPRESS, help=f"Volt's address (VOLT_URL; {DEFAULT_URL})")
+    flags.add_argument(
+        "--token", default=argparse.SUPPRESS, help="API token (VOLT_TOKEN; prefer the variable)"
+    )
+    return flags
+
+
+def _spec_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    add = flags.add_argument
+    add("--nodes", type=int, required=True, help="number of hosts")
+    add(
+        "--gpu",
+        type=_gpu,
+        action="append",
+        required=True,
+        metavar="MODEL:COUNT",
+        help="GPU model and GPUs per node, e.g. H100:8; repeat for alternatives (same COUNT)",
+    )
+    add("--ordered", action="store_true", help="with several --gpu: the first that fits, not the best plan")
+    add("--name", help="cluster name (a slug)")
+    add("--team", help="team slug; optional when you belong to one team")
+    add(
+        "--interconnect",
+        action="append",
+        metavar="KIND",
+        help="infiniband, roce, ethernet or a fabric kind (ib_ndr, ...); preferred unless required",
+    )
+    add("--require-interconnect", action="store_true", help="refuse hosts without --interconnect")
+    add(
+        "--topology", choices=["block", "fabric", "site", "region"], help="keep all nodes within one of these"
+    )
+    add("--require-topology", action="store_true", help="refuse plans that span more than --topology")
+    add("--region", action="append", help="allowed region; repeat for several")
+    add("--max-price", metavar="USD", help="highest price per GPU hour")
+    add("--parallelism", help="data_parallel, tensor_pipeline, inference_replicas or independent")
+    add("--pipeline-stages", type=int, metavar="N")
+    add("--priority", type=int, help="-100..100; higher is placed first from the queue")
+    return flags
+
+
+def _wait_flags(wait: bool = True, targets: bool = True) -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    if wait:
+        flags.add_argument(
+            "--wait", action="store_true", help="poll until the cluster gets there (exit codes 0/2/3/4)"
+        )
+    flags.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up waiting after this long, exit 4 (default {DEFAULT_WAIT_TIMEOUT_S})",
+    )
+    if targets:
+        flags.add_argument(
+            "--wait-for",
+            type=_statuses,
+            metavar="STATUS[,STATUS]",
+            help="wait for these statuses instead of ready, e.g. provisioning (implies --wait)",
+        )
+    return flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    connection = _connection_flags()
+    parser = _Parser(
+        prog="volt",
+        description="Volt GPU clusters from the command line (docs/cli.md).",
+        parents=[connection],
+    )
+    parser.add_argument("--version", action="version", version=f"volt {__version__}")
+    resources = parser.add_subparsers(dest="resource", required=True, metavar="clusters")
+    clusters = resources.add_parser("clusters", help="request, inspect and terminate clusters")
+    commands = clusters.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler, help: str, parents=()) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, parents=[connection, *parents])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    command(
+        "create", cmd_create, "request a cluster; --wait until it is ready", [_spec_flags(), _wait_flags()]
+    )
+    command("preview", cmd_preview, "the plan Volt would make now (allocates nothing)", [_spec_flags()])
+    command("get", cmd_get, "one cluster").add_argument("id", type=_cluster_id)
+    listing = command("list", cmd_list, "your teams' clusters, newest first")
+    listing.add_argument("--status", choices=STATUSES)
+    listing.add_argument("--team", help="team slug")
+    listing.add_argument("--all-pages", action="store_true", help="every cluster, not only the first page")
+    command("events", cmd_events, "a cluster's status changes").add_argument("id", type=_cluster_id)
+    waiting = command(
+        "wait", cmd_wait, "wait for an existing cluster (as create --wait)", [_wait_flags(wait=False)]
+    )
+    waiting.add_argument("id", type=_cluster_id)
+    ending = command(
+        "terminate",
+        cmd_terminate,
+        "cancel or terminate a cluster; frees its GPUs",
+        [_wait_flags(targets=False)],
+    )
+    ending.add_argument("id", type=_cluster_id)
+    ending.add_argument(
+        "--ok-if-ended", action="store_true", help="exit 0 if the cluster had already ended (cleanup steps)"
+    )
+    return parser
+
+
+def _client(args: argparse.Namespace) -> Client:
+    url = (getattr(args, "url", None) or os.environ.get("VOLT_URL") or DEFAULT_URL).rstrip("/")
+    url = url.removesuffix("/api/v1")
+    if urllib.parse.urlparse(url).scheme not in ("http", "https"):
+        raise UsageError(f"the Volt URL must start with http:// or https://, not {url!r}")
+    token = getattr(args, "token", None) or os.environ.get("VOLT_TOKEN", "").strip()
+    if not token:
+        raise UsageError(
+            "no API token: set VOLT_TOKEN (create one in the console under API tokens, "
+            "or with `python manage.py create_api_token USERNAME`)"
+        )
+    return Client(url, token)
+
+
+def _emit(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(f"volt: {message}\n")
+    sys.stderr.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code (the console script passes it to sys.exit)."""
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "timeout", 1) <= 0:
+            raise UsageError("--timeout must be more than 0 seconds")
+        return args.handler(_client(args), args)
+    except CliError as exc:
+        _progress(str(exc))
+        return exc.exit_code
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        _progress("interrupted; the cluster keeps its state (volt clusters terminate ID to stop it)")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
