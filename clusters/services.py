@@ -642,7 +642,8 @@ def reap_stuck_provisioning(older_than_s: int | None = None) -> int:
 
     from clusters.tasks import provision_cluster_task, terminate_cluster_task
 
-    deadline = timezone.now() - timezone.timedelta(seconds=older_than_s or settings.VOLT_PROVISION_STALE_S)
+    stale_s = settings.VOLT_PROVISION_STALE_S if older_than_s is None else older_than_s
+    deadline = timezone.now() - timezone.timedelta(seconds=stale_s)
     stuck = Cluster.objects.filter(
         status__in=[S.PROVISIONING, S.VERIFYING, S.TERMINATING], updated_at__lt=deadline
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from django.db import connection
 
 from clusters.models import Allocation, Cluster
 from clusters.provision import ray_cluster_id
@@ -129,3 +130,141 @@ def test_exhausted_retries_fail_cleanly(alice, local_hosts, client_for, committe
     assert "h0" in cluster["failure_message"] and "not answering" in cluster["failure_message"]
     assert not Allocation.objects.filter(active=True).exists()
     assert all(h.free_gpus == h.gpu_count for h in Host.objects.all())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_clusters_provisioned_at_once_coexist_and_terminating_one_leaves_the_other(
+    alice, team_a, local_hosts, no_leftovers
+):
+    if connection.vendor != "postgresql":
+        pytest.skip("two provisioning workers at once need PostgreSQL (CI sets DATABASE_URL to it)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clusters import provision, services
+
+    clusters = []
+    for name in ("first", "second"):
+        cluster = services.request_cluster(
+            team_a, alice, {"name": name, "nodes": 2, "gpus_per_node": 2, "gpu_models": ["H100"]}
+        )
+        clusters.append(services.place_cluster(cluster.pk))
+    assert {c.status for c in clusters} == {"provisioning"}
+
+    def bring_up(cluster_id):
+        try:
+            return provision.provision_cluster(cluster_id).status
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert list(pool.map(bring_up, [c.pk for c in clusters])) == ["ready", "ready"]
+    first, second = (Cluster.objects.get(pk=c.pk) for c in clusters)
+    assert first.ray_address != second.ray_address
+
+    services.terminate_cluster(first)
+
+    second_hosts = list(Host.objects.filter(cluster_nodes__cluster=second))
+    assert run_on_every_node(second.dashboard_url, [h.pk for h in second_hosts]) == {
+        h.address for h in second_hosts
+    }
+    services.terminate_cluster(Cluster.objects.get(pk=second.pk))
+
+
+def _start_worker(name: str, env: dict, log) -> "subprocess.Popen":
+    import subprocess
+    import sys
+
+    from django.conf import settings as django_settings
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "voltweb",
+        "worker",
+        "-P",
+        "solo",
+        "-c",
+        "1",
+        "-Q",
+        ",".join(django_settings.VOLT_QUEUES),
+        "-n",
+        f"{name}-%h",
+        "--loglevel",
+        "INFO",
+    ]
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_celery_worker_killed_mid_provisioning_still_ends_ready(
+    alice, team_a, local_hosts, settings, tmp_path, no_leftovers
+):
+    """SIGKILL the worker while it starts the Ray nodes; a new worker plus the reaper finish the job."""
+    import os
+    import signal
+
+    from celery.contrib.testing.worker import start_worker  # noqa: F401 - same broker set-up as the app
+
+    from clusters import services
+    from tests.browser.conftest import _database_url
+    from voltweb.celery import app as celery_app
+
+    if connection.vendor != "postgresql":
+        pytest.skip("worker subprocesses share the test database: needs PostgreSQL (CI sets DATABASE_URL)")
+    with celery_app.connection_for_write() as conn:
+        for queue in settings.VOLT_QUEUES:
+            conn.default_channel.queue_purge(queue)
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(connection.settings_dict),
+        "VOLT_DATA_DIR": str(settings.VOLT_DATA_DIR),
+        "VOLT_PROBE_MAX_MB": "8",
+        "VOLT_PROBE_ITERS": "3",
+        "VOLT_NODE_JOIN_TIMEOUT_S": "60",
+        "VOLT_AUTO_PROVISION": "1",
+    }
+    log = open(tmp_path / "workers.log", "w")  # noqa: SIM115 - closed below
+    first = _start_worker("doomed", env, log)
+    second = None
+    try:
+        cluster = services.request_cluster(
+            team_a, alice, {"name": "survivor", "nodes": 2, "gpus_per_node": 2, "gpu_models": ["H100"]}
+        )
+        _wait_for(
+            lambda: cluster.events.filter(message__startswith="Ray head up").exists(), 90, "the Ray head"
+        )
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        assert Cluster.objects.get(pk=cluster.pk).status == "provisioning"
+
+        second = _start_worker("rescuer", env, log)
+        assert services.reap_stuck_provisioning(older_than_s=0) == 1  # what beat runs every minute
+
+        final = _wait_for(
+            lambda: Cluster.objects.filter(pk=cluster.pk, status__in=["ready", "failed"]).first(),
+            150,
+            "READY or FAILED",
+        )
+        assert final.status == "ready", final.failure_message
+        assert Allocation.objects.filter(cluster=final, active=True).count() == 4
+        services.terminate_cluster(final)
+    finally:
+        for worker in (first, second):
+            if worker is not None and worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGTERM)
+                worker.wait(timeout=30)
+        log.close()
