@@ -7,6 +7,8 @@ fixture checks that no Ray process of any of its clusters survives.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -170,10 +172,7 @@ def test_two_clusters_provisioned_at_once_coexist_and_terminating_one_leaves_the
     services.terminate_cluster(Cluster.objects.get(pk=second.pk))
 
 
-def _start_worker(name: str, env: dict, log) -> "subprocess.Popen":
-    import subprocess
-    import sys
-
+def _start_worker(name: str, env: dict, log) -> subprocess.Popen:
     from django.conf import settings as django_settings
 
     cmd = [
@@ -216,8 +215,6 @@ def test_celery_worker_killed_mid_provisioning_still_ends_ready(
     """SIGKILL the worker while it starts the Ray nodes; a new worker plus the reaper finish the job."""
     import os
     import signal
-
-    from celery.contrib.testing.worker import start_worker  # noqa: F401 - same broker set-up as the app
 
     from clusters import services
     from tests.browser.conftest import _database_url
