@@ -1,0 +1,195 @@
+"""Provisioning: request-to-READY of 1-, 2- and 4-node local clusters against plain `ray start`.
+
+    .venv/bin/python bench/provisioning.py [--sizes 1,2,4] [--probe-max-mb 64]
+
+Sets up its own SQLite database and local hosts (real onboarding through the simulated nvidia-smi) in a
+temporary folder, then for each size:
+
+- Volt: request a cluster (services.request_cluster), place and provision it as the Celery tasks do, and
+  time request → READY. The all-reduce probe is part of that; its own run time is the VERIFYING → READY
+  span of the timeline.
+- Baseline: on the same hosts, `ray start` of the head, then every worker at once, by hand (the same
+  commands with every port and temp dir set, ray_nodes.start_*), until the head reports all nodes ALIVE.
+
+Target (the provisioning issue): Volt's time within 1.3 x the baseline plus the probe's run time.
+Plain `ray start` measured here earlier: ~10 / 13 / 20 s for 1 / 2 / 4 nodes. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+
+TARGET_FACTOR = 1.3
+
+
+def setup(workdir: Path, hosts: int) -> None:
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "voltweb.settings",
+            "VOLT_DATA_DIR": str(workdir),
+            "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
+            "VOLT_AUTO_PROVISION": "0",
+        }
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    seed_hosts(hosts)
+
+
+def seed_hosts(count: int) -> None:
+    from decimal import Decimal
+
+    from django.contrib.auth import get_user_model
+
+    from inventory import services
+    from voltweb import services as accounts
+
+    owner = get_user_model().objects.create_user("bench-provider")
+    provider = services.review_provider(services.register_provider(owner, "Bench Cloud"), approve=True)
+    site = services.get_or_create_site("lab1", "bench-region")
+    fabric = services.create_fabric(provider, site, "lab1-ib", "ib_ndr", 400.0, 1.0, ["r1"])
+    for i in range(count):
+        request = services.HostRequest(
+            name=f"node-{i}",
+            block=fabric.blocks.get(),
+            driver="local",
+            price_per_gpu_hour=Decimal("2.00"),
+            local_spec=services.default_local_spec("H100", 2, "ib_ndr"),
+        )
+        services.onboard_host(services.add_host(provider, request, queue=False).pk)
+    researcher = get_user_model().objects.create_user("bench-researcher")
+    accounts.add_member(accounts.create_team("Bench", "bench"), researcher)
+
+
+def volt_run(nodes: int) -> dict:
+    """Request → READY through the services the Celery tasks call; returns seconds and the probe's share."""
+    from django.contrib.auth import get_user_model
+
+    from clusters import provision, services
+    from voltweb.models import Team
+
+    user = get_user_model().objects.get(username="bench-researcher")
+    started = time.perf_counter()
+    cluster = services.request_cluster(
+        Team.objects.get(slug="bench"),
+        user,
+        {"name": f"bench-{nodes}", "nodes": nodes, "gpus_per_node": 2, "gpu_models": ["H100"]},
+    )
+    services.place_cluster(cluster.pk)
+    cluster = provision.provision_cluster(cluster.pk)
+    total = time.perf_counter() - started
+    if cluster.status != "ready":
+        raise SystemExit(f"{nodes}-node cluster ended {cluster.status}: {cluster.failure_message}")
+    events = {e.to_status: e.at for e in cluster.events.all() if e.from_status != e.to_status}
+    probe = (events["ready"] - events["verifying"]).total_seconds() if "verifying" in events else 0.0
+    hosts = [n.host for n in cluster.nodes.filter(released_at__isnull=True).select_related("host__provider")]
+    services.terminate_cluster(cluster)
+    return {
+        "seconds": round(total, 2),
+        "probe_seconds": round(probe, 2),
+        "busbw_gbps": cluster.measured_busbw_gbps,
+        "hosts": hosts,
+    }
+
+
+def baseline_run(hosts, slot_base: int) -> float:
+    """Plain `ray start`: the head, then all workers at once, until the head reports every node ALIVE."""
+    from clusters.provisioning import ray_nodes
+    from inventory import services
+    from inventory.drivers.base import fan_out
+
+    drivers = [services.driver_for(host) for host in hosts]
+    cluster_id = f"baseline-{len(hosts)}"
+    options = [
+        {
+            "cluster_id": cluster_id,
+            "ports": ray_nodes.ports_for(slot_base + i),
+            "num_gpus": 2,
+            "temp_dir": f"/tmp/volt-ray/base-{slot_base + i}",
+            "python": sys.executable,
+            "env": {"GLOO_SOCKET_IFNAME": "lo"},
+        }
+        for i in range(len(hosts))
+    ]
+    started = time.perf_counter()
+    try:
+        head = ray_nodes.start_head(drivers[0], **options[0])
+        results = fan_out(
+            drivers[1:],
+            lambda d: ray_nodes.start_worker(d, head_address=head.gcs_address, **options[drivers.index(d)]),
+        )
+        if any(isinstance(r, Exception) for r in results):
+            raise SystemExit(f"baseline worker failed: {results}")
+        ray_nodes.wait_for_nodes(head.dashboard_url, len(hosts), 120, expected_ips={h.address for h in hosts})
+        return round(time.perf_counter() - started, 2)
+    finally:
+        fan_out(drivers[1:], lambda d: ray_nodes.stop_node(d, cluster_id))
+        ray_nodes.stop_node(drivers[0], cluster_id)
+        for driver in drivers:
+            driver.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,2,4")
+    parser.add_argument("--probe-max-mb", type=int, default=64)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    os.environ["VOLT_PROBE_MAX_MB"] = str(args.probe_max_mb)
+    os.environ["VOLT_PROBE_ITERS"] = "5"
+    with tempfile.TemporaryDirectory(prefix="volt-bench-prov-") as workdir:
+        setup(Path(workdir), max(sizes))
+        rows = []
+        for nodes in sizes:
+            volt = volt_run(nodes)
+            base = baseline_run(volt.pop("hosts"), slot_base=80)
+            allowed = TARGET_FACTOR * base + volt["probe_seconds"]
+            rows.append(
+                {
+                    "nodes": nodes,
+                    "volt_s": volt["seconds"],
+                    "probe_s": volt["probe_seconds"],
+                    "ray_start_s": base,
+                    "allowed_s": round(allowed, 2),
+                    "met": volt["seconds"] <= allowed,
+                    "volt_over_ray_start_excl_probe": round(
+                        (volt["seconds"] - volt["probe_seconds"]) / base, 2
+                    ),
+                    "probe_busbw_gbps": volt["busbw_gbps"],
+                }
+            )
+            print(
+                f"{nodes} node(s): Volt request→READY {volt['seconds']:6.1f} s (probe {volt['probe_seconds']:.1f} s)"
+                f" | plain ray start {base:5.1f} s | allowed {allowed:5.1f} s | "
+                f"{'met' if rows[-1]['met'] else 'NOT met'}",
+                flush=True,
+            )
+    print(
+        json.dumps(
+            {
+                "bench": "provisioning",
+                "probe_max_mb": args.probe_max_mb,
+                "target_factor": TARGET_FACTOR,
+                "sizes": rows,
+                "met": all(r["met"] for r in rows),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
