@@ -176,7 +176,11 @@ def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.Node
     ips = {node.host.address: node for node in nodes}
     try:
         ray_nodes.wait_for_nodes(
-            head.dashboard_url, len(nodes), settings.VOLT_NODE_JOIN_TIMEOUT_S, expected_ips=set(ips)
+            head.dashboard_url,
+            len(nodes),
+            settings.VOLT_NODE_JOIN_TIMEOUT_S,
+            expected_ips=set(ips),
+            poll_s=0.3,
         )
     except ray_nodes.NodesNotReady as exc:
         missing = [ips[ip] for ip in exc.missing if ip in ips] or [n for n in nodes if n.is_head]
