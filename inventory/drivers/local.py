@@ -9,6 +9,9 @@ directory, and `faults/` holds files that inject failures:
     faults/gpu_lost             "3" or "1,5": those GPUs fell off the bus
     faults/ecc_uncorrectable    "0": those GPUs report uncorrectable ECC errors
     faults/hot                  "2": those GPUs run at 96 C
+    faults/partitioned          the host cannot reach other hosts: a Ray worker started here keeps
+                                running but never joins its head (commands get the head's address
+                                rewritten to a closed port, as a firewall drop would leave it)
 A host without nvidia-smi is a sandbox whose bin/ lacks it (fault `nvidia_smi_missing` at creation).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +30,16 @@ from pathlib import Path
 from inventory.drivers.base import CommandResult, CommandTimeout, DriverError, HostDriver, HostUnreachable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FAULTS = ("unreachable", "nvidia_smi_garbage", "nvidia_smi_missing", "gpu_lost", "ecc_uncorrectable", "hot")
+FAULTS = (
+    "unreachable",
+    "nvidia_smi_garbage",
+    "nvidia_smi_missing",
+    "gpu_lost",
+    "ecc_uncorrectable",
+    "hot",
+    "partitioned",
+)
+_HEAD_ADDRESS = re.compile(r"--address=([0-9.]+):\d+")
 _TOOLS = ("nvidia-smi", "ibstat")
 
 
@@ -66,6 +79,8 @@ class LocalDriver(HostDriver):
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         self._check_up()
+        if (self.sandbox / "faults" / "partitioned").exists():
+            command = _HEAD_ADDRESS.sub(r"--address=\1:1", command)
         limit = timeout or self.default_timeout
         proc = subprocess.Popen(
             ["bash", "-c", command],

@@ -44,6 +44,7 @@ def no_leftovers(local_hosts):
     yield
     for host in local_hosts:
         clear_fault(inventory.sandbox_path(host), "unreachable")  # look at every host, broken ones too
+        clear_fault(inventory.sandbox_path(host), "partitioned")
     for cluster in Cluster.objects.all():
         for host in local_hosts:
             with inventory.driver_for(host) as driver:
@@ -265,3 +266,22 @@ def test_celery_worker_killed_mid_provisioning_still_ends_ready(
                 os.killpg(worker.pid, signal.SIGTERM)
                 worker.wait(timeout=30)
         log.close()
+
+
+def test_worker_that_never_joins_is_replaced(
+    alice, local_hosts, client_for, committed, settings, no_leftovers
+):
+    settings.VOLT_NODE_JOIN_TIMEOUT_S = 20
+    set_fault(inventory.sandbox_path(local_hosts[1]), "partitioned")  # h1: a worker of the cheapest pair
+
+    cluster = request(client_for(alice), committed, nodes=2)
+
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    assert "h1" not in [n["host"] for n in cluster["nodes"]]
+    events = [
+        e["message"]
+        for e in client_for(alice).get(f"/api/v1/clusters/{cluster['id']}/events/").json()["results"]
+    ]
+    assert any("h1 did not join" in e for e in events) and any(e.startswith("replaced h1 by") for e in events)
+    assert Host.objects.get(pk=local_hosts[1].pk).state == "cordoned"
+    client_for(alice).post(f"/api/v1/clusters/{cluster['id']}/terminate/")
