@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import shlex
+import socket
 import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -258,24 +259,57 @@ def ensure_keys(cluster: Cluster) -> None:
 
 
 def assign_slots(cluster: Cluster) -> list[ClusterNode]:
-    """Give every active node a Ray port slot, unique per machine among active nodes (a DB constraint)."""
+    """Give every active node a Ray port slot, unique per machine among active nodes (a DB constraint).
+
+    Two clusters provisioned at once may pick the same free slot; the constraint refuses the second
+    and it takes the next one.
+    """
     nodes = active_nodes(cluster)
     for node in nodes:
-        if node.slot is not None:
-            continue
-        machine = "local" if node.host.driver == DriverKind.LOCAL else f"host-{node.host_id}"
-        with transaction.atomic():
-            taken = set(
-                ClusterNode.objects.select_for_update()
-                .filter(machine=machine, released_at__isnull=True, slot__isnull=False)
-                .values_list("slot", flat=True)
-            )
-            free = next((s for s in range(ray_nodes.MAX_SLOT + 1) if s not in taken), None)
-            if free is None:
-                raise HostsFailed([node.host_id], f"no free Ray port slot on {machine}")
-            ClusterNode.objects.filter(pk=node.pk).update(machine=machine, slot=free)
-            node.machine, node.slot = machine, free
+        if node.slot is None:
+            node.machine = _machine_of(node.host)
+            node.slot = _claim_slot(node)
     return nodes
+
+
+def _machine_of(host: Host) -> str:
+    """Which machine's ports a node uses: every loopback address is this machine (Ray binds wildcards)."""
+    if host.driver == DriverKind.LOCAL or host.address.startswith("127.") or host.address == "localhost":
+        return "local"
+    return f"host-{host.pk}"
+
+
+def _claim_slot(node: ClusterNode) -> int:
+    refused: set[int] = set()
+    while True:
+        taken = refused | set(
+            ClusterNode.objects.filter(
+                machine=node.machine, released_at__isnull=True, slot__isnull=False
+            ).values_list("slot", flat=True)
+        )
+        usable = (s for s in range(ray_nodes.MAX_SLOT + 1) if s not in taken)
+        if node.machine == "local":  # another Volt (a demo, a test run) may use this machine's ports too
+            usable = (s for s in usable if _ports_free(ray_nodes.ports_for(s)))
+        slot = next(usable, None)
+        if slot is None:
+            raise HostsFailed([node.host_id], f"no free Ray port slot on {node.machine}")
+        try:
+            with transaction.atomic():
+                ClusterNode.objects.filter(pk=node.pk).update(machine=node.machine, slot=slot)
+            return slot
+        except IntegrityError:
+            refused.add(slot)
+
+
+def _ports_free(ports: ray_nodes.NodePorts) -> bool:
+    """Whether this machine's GCS and dashboard ports of a slot are free (Ray binds them on every interface)."""
+    for port in (ports.gcs, ports.dashboard):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))  # fails too while a wildcard socket holds the port
+            except OSError:
+                return False
+    return True
 
 
 # --- verification ------------------------------------------------------------------------------------

@@ -82,9 +82,9 @@ def _key_pair() -> tuple[str, str]:
     return private_text, public_line
 
 
-def _free_port() -> int:
+def _free_port(listen: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
+        sock.bind((listen, 0))
         return sock.getsockname()[1]
 
 
@@ -94,9 +94,9 @@ def _setenv_word(name: str, value: str) -> str:
     return f'"{name}={value}"'
 
 
-def _config(workdir: Path, port: int, username: str, env: dict[str, str]) -> str:
+def _config(workdir: Path, port: int, username: str, env: dict[str, str], listen: str = LOOPBACK) -> str:
     lines = [
-        f"ListenAddress {LOOPBACK}",
+        f"ListenAddress {listen}",
         f"Port {port}",
         f"HostKey {workdir / 'host_ed25519_key'}",
         f"PidFile {workdir / 'sshd.pid'}",
@@ -147,8 +147,10 @@ def _wait_for_greeting(server: SshdServer, deadline: float) -> bool:
     return False
 
 
-def start_sshd(workdir: Path, env: dict[str, str] | None = None) -> SshdServer:
-    """Start sshd on a free loopback port, serving the current user with a fresh client key."""
+def start_sshd(workdir: Path, env: dict[str, str] | None = None, listen: str = LOOPBACK) -> SshdServer:
+    """Start sshd on a free port of loopback address `listen`, serving the current user with a fresh client key."""
+    if not listen.startswith("127."):
+        raise ValueError(f"{listen}: test servers bind to loopback addresses only")
     _require_sshd()
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(env or {})
@@ -162,9 +164,9 @@ def start_sshd(workdir: Path, env: dict[str, str] | None = None) -> SshdServer:
 
     failure = ""
     for _attempt in range(3):  # another process may take the free port before sshd binds it
-        port = _free_port()
+        port = _free_port(listen)
         config_path = workdir / "sshd_config"
-        config_path.write_text(_config(workdir, port, username, env))
+        config_path.write_text(_config(workdir, port, username, env, listen))
         with open(workdir / "sshd.log", "ab") as log:
             process = subprocess.Popen(
                 [str(SSHD_BINARY), "-D", "-e", "-f", str(config_path)],
@@ -174,7 +176,7 @@ def start_sshd(workdir: Path, env: dict[str, str] | None = None) -> SshdServer:
                 close_fds=True,
             )
         server = SshdServer(
-            host=LOOPBACK,
+            host=listen,
             port=port,
             username=username,
             client_private_key=client_private,
