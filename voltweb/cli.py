@@ -53,8 +53,9 @@ STATUSES = (
 # that missed `provisioning` because the cluster was already `ready` still ends the wait.
 BRING_UP = ("pending", "placing", "queued", "provisioning", "verifying", "ready")
 ENDING = ("terminating", "terminated")
-# Answers worth polling through while waiting: the server restarting or a proxy hiccup.
-TRANSIENT_HTTP = {502, 503, 504}
+# Besides no answer at all, the answers worth polling through while waiting (a deploy, a proxy hiccup, a
+# database failover); GETs are safe to repeat. Any other error ends the wait at once.
+RETRY_HTTP = {429, 500, 502, 503, 504}
 
 
 class CliError(Exception):
@@ -210,7 +211,7 @@ def _poll(client: Client, cluster_id: int, deadline: float, interval: float) -> 
         try:
             return client.get(f"/clusters/{cluster_id}/")
         except (Unreachable, ApiError) as exc:
-            transient = isinstance(exc, Unreachable) or exc.status in TRANSIENT_HTTP
+            transient = isinstance(exc, Unreachable) or exc.status in RETRY_HTTP
             if not transient or time.monotonic() >= deadline:
                 raise
             _progress(f"{exc}; retrying")

@@ -5,7 +5,10 @@ What a CI pipeline sees: the JSON on stdout, the messages on stderr and the exit
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
+import queue
 import socket
 import subprocess
 import sys
@@ -13,14 +16,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from celery.contrib.testing.worker import start_worker
+from celery.signals import task_postrun
 from django.conf import settings
+from django.db import OperationalError, connection
 
 from clusters import services as clusters
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster
+from clusters.tasks import place_cluster_task
 from inventory import services as inventory
 from inventory.choices import HostState
 from voltweb import cli
@@ -43,20 +50,37 @@ class Run:
         return json.loads(self.out)
 
 
+def use_broker(url: str) -> None:
+    """Point the Celery app (producers and workers) at `url`."""
+    celery_app.conf.CELERY_BROKER_URL = url
+    # Celery's own reset of the app's cached pools. Not closed: kombu keeps one pool per URL and would
+    # hand the closed one back when this URL is used again.
+    celery_app._after_fork()
+
+
 @pytest.fixture
 def worker():
-    """A real worker thread on every Volt queue, fed by the Redis broker."""
-    with celery_app.connection_for_write() as conn:
-        for queue in settings.VOLT_QUEUES:
-            conn.default_channel.queue_purge(queue)
-    with start_worker(
-        celery_app,
-        pool="solo",
-        perform_ping_check=False,
-        queues=list(settings.VOLT_QUEUES),
-        shutdown_timeout=20,
-    ):
-        yield
+    """A real worker thread on every Volt queue, fed by Redis.
+
+    On a Redis database of this test session's own: other test sessions sharing the server (and their
+    workers) can neither take nor purge the tasks this test's server queues.
+    """
+    shared = settings.CELERY_BROKER_URL
+    use_broker(urlparse(shared)._replace(path=f"/{os.getpid() % 15 + 1}").geturl())
+    try:
+        with celery_app.connection_for_write() as conn:
+            for queue in settings.VOLT_QUEUES:
+                conn.default_channel.queue_purge(queue)
+        with start_worker(
+            celery_app,
+            pool="solo",
+            perform_ping_check=False,
+            queues=list(settings.VOLT_QUEUES),
+            shutdown_timeout=20,
+        ):
+            yield
+    finally:
+        use_broker(shared)
 
 
 @pytest.fixture
@@ -182,35 +206,57 @@ def test_preview_shows_the_plan_without_allocating(volt, hosts):
 
 @pytest.mark.integration
 def test_create_waits_for_placement_through_the_worker(volt, hosts, worker):
-    run = volt(*CREATE, "--nodes", "2", "--wait-for", "provisioning")
+    run = volt(*CREATE, "--nodes", "2", "--wait-for", "provisioning", "--timeout", "30")
 
     assert run.code == 0, run.err
     assert run.json["status"] == "provisioning" and len(run.json["nodes"]) == 2
     assert "pending" in run.err and "provisioning (2 x H100" in run.err
 
 
-@pytest.mark.integration
-def test_wait_exits_3_when_the_queued_cluster_is_terminated_meanwhile(
-    volt, hosts, worker, live_server, token
-):
-    def terminate_once_queued():
-        api = cli.Client(live_server.url, token)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            queued = api.get("/clusters/", {"status": "queued"})["results"]
-            if queued:
-                time.sleep(1)  # several polls: the pipeline sees it queued first
-                api.post(f"/clusters/{queued[0]['id']}/terminate/")
-                return
-            time.sleep(0.1)
+def patiently(action, timeout_s: float = 10):
+    """Run a database action, again while the in-memory SQLite test database says `table is locked`.
 
-    operator = threading.Thread(target=terminate_once_queued)
+    Its connections share one cache with table-level locks, so a second connection's write fails at once
+    while the live server reads (PostgreSQL just waits). Safe to repeat: each try is one transaction.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return action()
+        except OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.mark.integration
+def test_wait_exits_3_when_the_queued_cluster_is_terminated_meanwhile(volt, hosts, worker, alice):
+    queued_ids: queue.Queue[int] = queue.Queue()
+
+    def note_queued(sender=None, args=(), retval=None, **_):
+        if sender.name == place_cluster_task.name and retval == ClusterStatus.QUEUED:
+            queued_ids.put(args[0])
+
+    def cancel_it():  # another pipeline's cleanup step, through the service the API calls
+        try:
+            cluster_id = queued_ids.get(timeout=20)
+            time.sleep(1)  # several polls: the waiting pipeline sees it queued first
+            patiently(lambda: clusters.terminate_cluster(Cluster.objects.get(pk=cluster_id), alice))
+        finally:
+            connection.close()
+
+    task_postrun.connect(note_queued, weak=False)
+    operator = threading.Thread(target=cancel_it)
     operator.start()
-    run = volt(*CREATE, "--nodes", "3", "--wait", "--timeout", "30")
-    operator.join()
+    try:
+        run = volt(*CREATE, "--nodes", "3", "--wait", "--timeout", "30")
+    finally:
+        operator.join()
+        task_postrun.disconnect(note_queued)
 
     assert run.code == 3, run.err
     assert run.json["status"] == "terminated" and "queued (position 1" in run.err
+    assert "was terminated before it became ready" in run.err
 
 
 @pytest.mark.integration
@@ -229,6 +275,60 @@ def test_unreachable_server_exits_1(volt):
     run = volt("clusters", "list", "--url", url)
 
     assert run.code == 1 and f"cannot reach Volt at {url}" in run.err
+
+
+@pytest.fixture
+def flaky_volt(monkeypatch):
+    """A stand-in Volt on loopback answering GET /api/v1/clusters/5/ from a script: (status, body) each."""
+    answers: list[tuple[int, dict]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = answers.pop(0) if len(answers) > 1 else answers[0]
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("VOLT_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv("VOLT_TOKEN", "volt_test")
+    monkeypatch.setenv("VOLT_POLL_INTERVAL", "0.1")
+    yield answers
+    server.shutdown()
+    server.server_close()
+
+
+def cluster_in(status: str) -> tuple[int, dict]:
+    return 200, {"id": 5, "name": "ci-run", "status": status}
+
+
+UNAVAILABLE = (503, {"error": {"code": "unavailable", "message": "Volt is restarting."}})
+
+
+def test_wait_polls_through_a_server_restart(flaky_volt, capsys):
+    flaky_volt += [cluster_in("queued"), UNAVAILABLE, UNAVAILABLE, cluster_in("ready")]
+
+    code = cli.main(["clusters", "wait", "5"])
+
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["status"] == "ready"
+    assert "503 unavailable: Volt is restarting.; retrying" in err
+
+
+def test_wait_gives_up_with_exit_1_when_the_server_stays_broken(flaky_volt, capsys):
+    flaky_volt += [cluster_in("queued"), (500, {"error": {"code": "error", "message": "boom"}})]
+
+    code = cli.main(["clusters", "wait", "5", "--timeout", "0.5"])
+
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and err.rstrip().endswith("500 error: boom")
 
 
 def test_the_file_runs_on_a_bare_python_without_django():
