@@ -64,22 +64,45 @@ def ray_cluster_id(cluster: Cluster) -> str:
 
 
 def provision_cluster(cluster_id: int) -> Cluster:
-    """Bring a PROVISIONING cluster to READY (or FAILED); resume a VERIFYING one. Idempotent."""
+    """Bring a PROVISIONING cluster to READY (or FAILED); resume a VERIFYING one. Idempotent.
+
+    A cluster terminated meanwhile is abandoned: whatever this task started is stopped again.
+    """
     cluster = Cluster.objects.get(pk=cluster_id)
-    if cluster.status == S.PROVISIONING:
-        Cluster.objects.filter(pk=cluster.pk).update(
-            provision_attempts=F("provision_attempts") + 1, updated_at=timezone.now()
-        )
-        if cluster.provisioning_started_at is None:
-            Cluster.objects.filter(pk=cluster.pk).update(provisioning_started_at=timezone.now())
-        cluster = _bring_up_with_replacements(cluster)
-        if cluster.status != S.PROVISIONING:
-            return cluster
-        cluster = transitions.transition(
-            cluster, S.VERIFYING, "every node joined; running the all-reduce probe"
-        )
-    if cluster.status == S.VERIFYING:
-        return verify(cluster)
+    try:
+        if cluster.status == S.PROVISIONING:
+            Cluster.objects.filter(pk=cluster.pk).update(
+                provision_attempts=F("provision_attempts") + 1, updated_at=timezone.now()
+            )
+            if cluster.provisioning_started_at is None:
+                Cluster.objects.filter(pk=cluster.pk).update(provisioning_started_at=timezone.now())
+            cluster = _bring_up_with_replacements(cluster)
+            if cluster.status != S.PROVISIONING:
+                return _abandon(cluster)
+            cluster = transitions.transition(
+                cluster, S.VERIFYING, "every node joined; running the all-reduce probe"
+            )
+        if cluster.status == S.VERIFYING:
+            return verify(cluster)
+    except (Abandoned, IllegalTransition):
+        return _abandon(cluster)
+    return cluster
+
+
+class Abandoned(Exception):
+    """The cluster was terminated (or failed) while this task was bringing it up."""
+
+
+def _still_wanted(cluster: Cluster) -> None:
+    if not Cluster.objects.filter(pk=cluster.pk, status__in=[S.PROVISIONING, S.VERIFYING]).exists():
+        raise Abandoned(cluster.pk)
+
+
+def _abandon(cluster: Cluster) -> Cluster:
+    """Someone terminated the cluster meanwhile: stop what this task may have started after their teardown."""
+    cluster = Cluster.objects.get(pk=cluster.pk)
+    if cluster.status in (S.TERMINATING, S.TERMINATED, S.FAILED):
+        teardown(cluster, list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider")))
     return cluster
 
 
@@ -126,9 +149,11 @@ def bring_up(cluster: Cluster) -> None:
     drivers = [inventory.driver_for(node.host) for node in nodes]
     try:
         _check(nodes, fan_out(drivers, lambda d: prepare_host(d, cluster)), "could not be prepared")
+        _still_wanted(cluster)
         head_index = next(i for i, node in enumerate(nodes) if node.is_head)
         head = _start(cluster, nodes[head_index], drivers[head_index], None)
         note(cluster, f"Ray head up on {nodes[head_index].host.name} ({head.gcs_address})")
+        _still_wanted(cluster)
         others = [i for i in range(len(nodes)) if i != head_index]
         started = fan_out(
             [drivers[i] for i in others],

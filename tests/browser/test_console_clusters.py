@@ -49,5 +49,5 @@ def test_researcher_previews_requests_and_terminates_a_cluster(login, screenshot
 
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Terminate").click()
-    expect(page.locator("#cluster-status")).to_have_text("Terminated")
+    expect(page.locator("#cluster-status")).to_have_text("Terminated", timeout=30_000)
     expect(page.locator(".flash")).to_contain_text(re.compile("GPUs are free again"))
