@@ -16,7 +16,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 __version__ = "0.1.0"
@@ -288,7 +289,8 @@ def cmd_list(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_events(client: Client, args: argparse.Namespace) -> int:
-    _emit(client.all_pages(f"/clusters/{args.id}/events/", {"page_size": LIST_PAGE_SIZE}))
+    with _not_found_says_which(args.id):
+        _emit(client.all_pages(f"/clusters/{args.id}/events/", {"page_size": LIST_PAGE_SIZE}))
     return EXIT_OK
 
 
@@ -298,7 +300,8 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_terminate(client: Client, args: argparse.Namespace) -> int:
     try:
-        cluster = client.post(f"/clusters/{args.id}/terminate/")
+        with _not_found_says_which(args.id):
+            cluster = client.post(f"/clusters/{args.id}/terminate/")
     except ApiError as exc:
         if not (args.ok_if_ended and exc.code == "illegal_transition"):
             raise
@@ -313,14 +316,19 @@ def cmd_terminate(client: Client, args: argparse.Namespace) -> int:
 
 
 def _get_cluster(client: Client, cluster_id: int) -> dict:
-    try:
+    with _not_found_says_which(cluster_id):
         return client.get(f"/clusters/{cluster_id}/")
+
+
+@contextmanager
+def _not_found_says_which(cluster_id: int) -> Iterator[None]:
+    try:
+        yield
     except ApiError as exc:
-        if exc.status == 404:
-            raise ApiError(
-                404, exc.code, f"cluster {cluster_id} not found (or it belongs to another team)"
-            ) from None
-        raise
+        if exc.status != 404:
+            raise
+        message = f"cluster {cluster_id} not found (or it belongs to another team)"
+        raise ApiError(404, exc.code, message) from None
 
 
 def _waits(args: argparse.Namespace) -> bool:

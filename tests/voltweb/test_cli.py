@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import queue
 import socket
 import subprocess
@@ -16,7 +15,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 from celery.contrib.testing.worker import start_worker
@@ -50,37 +48,31 @@ class Run:
         return json.loads(self.out)
 
 
-def use_broker(url: str) -> None:
-    """Point the Celery app (producers and workers) at `url`."""
-    celery_app.conf.CELERY_BROKER_URL = url
-    # Celery's own reset of the app's cached pools. Not closed: kombu keeps one pool per URL and would
-    # hand the closed one back when this URL is used again.
-    celery_app._after_fork()
+@pytest.fixture(autouse=True)
+def empty_queues():
+    """No task of an earlier test reaches this one's worker (scripts/test gives each run its own Redis DB)."""
+    purge_queues()
+    yield
+    purge_queues()
+
+
+def purge_queues() -> None:
+    with celery_app.connection_for_write() as conn:
+        for name in settings.VOLT_QUEUES:
+            conn.default_channel.queue_purge(name)
 
 
 @pytest.fixture
-def worker():
-    """A real worker thread on every Volt queue, fed by Redis.
+def worker(empty_queues):
+    """A real worker thread consuming the placement queue from Redis.
 
-    On a Redis database of this test session's own: other test sessions sharing the server (and their
-    workers) can neither take nor purge the tasks this test's server queues.
+    Placement only: provisioning has its own tests (tests/integration/test_provisioning.py), so placed
+    clusters stay `provisioning` here.
     """
-    shared = settings.CELERY_BROKER_URL
-    use_broker(urlparse(shared)._replace(path=f"/{os.getpid() % 15 + 1}").geturl())
-    try:
-        with celery_app.connection_for_write() as conn:
-            for queue in settings.VOLT_QUEUES:
-                conn.default_channel.queue_purge(queue)
-        with start_worker(
-            celery_app,
-            pool="solo",
-            perform_ping_check=False,
-            queues=list(settings.VOLT_QUEUES),
-            shutdown_timeout=20,
-        ):
-            yield
-    finally:
-        use_broker(shared)
+    with start_worker(
+        celery_app, pool="solo", perform_ping_check=False, queues=["placement"], shutdown_timeout=20
+    ):
+        yield
 
 
 @pytest.fixture
@@ -179,9 +171,12 @@ def test_get_list_events_and_terminate(volt, hosts):
 def test_another_teams_cluster_is_not_found(volt, hosts, bob):
     cluster_id = volt(*CREATE, "--nodes", "2").json["id"]
 
-    run = volt("clusters", "get", str(cluster_id), "--token", accounts.create_api_token(bob, "ci").secret)
+    bobs = accounts.create_api_token(bob, "ci").secret
 
-    assert run.code == 1 and "not found" in run.err.lower()
+    for command in ("get", "events", "terminate"):
+        run = volt("clusters", command, str(cluster_id), "--token", bobs)
+        assert run.code == 1 and f"cluster {cluster_id} not found" in run.err, command
+    assert Cluster.objects.get(pk=cluster_id).status == ClusterStatus.PENDING
 
 
 def test_failed_cluster_exits_2_with_its_failure_reason(volt, hosts):
@@ -313,7 +308,7 @@ UNAVAILABLE = (503, {"error": {"code": "unavailable", "message": "Volt is restar
 
 
 def test_wait_polls_through_a_server_restart(flaky_volt, capsys):
-    flaky_volt += [cluster_in("queued"), UNAVAILABLE, UNAVAILABLE, cluster_in("ready")]
+    flaky_volt.extend([cluster_in("queued"), UNAVAILABLE, UNAVAILABLE, cluster_in("ready")])
 
     code = cli.main(["clusters", "wait", "5"])
 
@@ -323,7 +318,7 @@ def test_wait_polls_through_a_server_restart(flaky_volt, capsys):
 
 
 def test_wait_gives_up_with_exit_1_when_the_server_stays_broken(flaky_volt, capsys):
-    flaky_volt += [cluster_in("queued"), (500, {"error": {"code": "error", "message": "boom"}})]
+    flaky_volt.extend([cluster_in("queued"), (500, {"error": {"code": "error", "message": "boom"}})])
 
     code = cli.main(["clusters", "wait", "5", "--timeout", "0.5"])
 
