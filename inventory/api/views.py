@@ -1,7 +1,6 @@
 """Inventory API: providers, sites, fabrics, hosts, GPUs and aggregated offers."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -11,7 +10,7 @@ from rest_framework.response import Response
 from inventory import services
 from inventory.api import serializers as s
 from inventory.filters import GpuFilter, HostFilter, OfferFilter
-from inventory.models import Block, Fabric, Host, Provider, Site
+from inventory.models import Block, Fabric, Host, Site
 from voltweb.api.errors import ErrorResponseSerializer, ServiceError
 from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
@@ -242,11 +241,3 @@ class OfferViewSet(viewsets.GenericViewSet):
         hosts = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(services.cached_offers(hosts, request.user, request.GET.urlencode()))
         return self.get_paginated_response(s.OfferSerializer(page, many=True).data)
-
-
-def get_host_or_404(user, pk) -> Host:
-    return get_object_or_404(services.visible_hosts(user), pk=pk)
-
-
-def get_provider_or_404(user, slug) -> Provider:
-    return get_object_or_404(services.visible_providers(user), slug=slug)
