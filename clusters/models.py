@@ -57,6 +57,9 @@ class Cluster(models.Model):
     bandwidth_flagged = models.BooleanField(
         default=False, help_text="Measured busbw below the expected share."
     )
+    slow_hosts_replaced = models.PositiveIntegerField(
+        default=0, help_text="Hosts replaced before READY for being the probe's slowest."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

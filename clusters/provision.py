@@ -3,7 +3,9 @@
     PROVISIONING: cluster key pair → prepare every host in parallel (workspace, authorized key, shared
                   storage) → Ray head → workers in parallel → the head reports every node ALIVE
     VERIFYING:    the all-reduce probe runs as a Ray job (clusters/probes/allreduce.py) → stored next to
-                  the prediction, flagged when below VOLT_PROBE_MIN_FRACTION of it
+                  the prediction, flagged when below VOLT_PROBE_MIN_FRACTION of it; a flagged cluster
+                  whose probe names one host as the slowest gets it replaced (back to PROVISIONING, up
+                  to VOLT_SLOW_HOST_REPLACEMENTS times) and is probed again
     READY:        credentials on the cluster (Ray address, dashboard, storage path, SSH key)
 
 A host that cannot be prepared, whose node does not start or does not join, is cordoned as suspect and
@@ -66,27 +68,37 @@ def ray_cluster_id(cluster: Cluster) -> str:
 def provision_cluster(cluster_id: int) -> Cluster:
     """Bring a PROVISIONING cluster to READY (or FAILED); resume a VERIFYING one. Idempotent.
 
-    A cluster terminated meanwhile is abandoned: whatever this task started is stopped again.
+    Verification may send the cluster back to PROVISIONING once a slow host is replaced; the loop
+    brings the new node up and probes again. A cluster terminated meanwhile is abandoned: whatever
+    this task started is stopped again.
     """
     cluster = Cluster.objects.get(pk=cluster_id)
     try:
-        if cluster.status == S.PROVISIONING:
-            Cluster.objects.filter(pk=cluster.pk).update(
-                provision_attempts=F("provision_attempts") + 1, updated_at=timezone.now()
-            )
-            if cluster.provisioning_started_at is None:
-                Cluster.objects.filter(pk=cluster.pk).update(provisioning_started_at=timezone.now())
-            cluster = _bring_up_with_replacements(cluster)
+        for _ in range(settings.VOLT_SLOW_HOST_REPLACEMENTS + 2):
+            if cluster.status == S.PROVISIONING:
+                cluster = _provision_pass(cluster)
+                if cluster.status != S.PROVISIONING:
+                    return _abandon(cluster)
+                cluster = transitions.transition(
+                    cluster, S.VERIFYING, "every node joined; running the all-reduce probe"
+                )
+            if cluster.status != S.VERIFYING:
+                break
+            cluster = verify(cluster)
             if cluster.status != S.PROVISIONING:
-                return _abandon(cluster)
-            cluster = transitions.transition(
-                cluster, S.VERIFYING, "every node joined; running the all-reduce probe"
-            )
-        if cluster.status == S.VERIFYING:
-            return verify(cluster)
+                break
     except (Abandoned, IllegalTransition):
         return _abandon(cluster)
     return cluster
+
+
+def _provision_pass(cluster: Cluster) -> Cluster:
+    Cluster.objects.filter(pk=cluster.pk).update(
+        provision_attempts=F("provision_attempts") + 1, updated_at=timezone.now()
+    )
+    if cluster.provisioning_started_at is None:
+        Cluster.objects.filter(pk=cluster.pk).update(provisioning_started_at=timezone.now())
+    return _bring_up_with_replacements(cluster)
 
 
 class Abandoned(Exception):
@@ -327,11 +339,14 @@ def _claim_slot(node: ClusterNode) -> int:
 
 
 def _ports_free(ports: ray_nodes.NodePorts) -> bool:
-    """Whether this machine's GCS and dashboard ports of a slot are free (Ray binds them on every interface)."""
-    for port in (ports.gcs, ports.dashboard):
+    """Whether every fixed port of a slot is free on this machine, on any address (Ray binds wildcards,
+    and a node left over from elsewhere may hold one on its own 127.0.0.N)."""
+    fixed = [port for name, port in vars(ports).items() if name not in ("min_worker", "max_worker")]
+    for port in fixed:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "held"
             try:
-                probe.bind(("127.0.0.1", port))  # fails too while a wildcard socket holds the port
+                probe.bind(("0.0.0.0", port))  # refused while any address holds the port
             except OSError:
                 return False
     return True
@@ -341,7 +356,8 @@ def _ports_free(ports: ray_nodes.NodePorts) -> bool:
 
 
 def verify(cluster: Cluster) -> Cluster:
-    """Run the all-reduce probe; store it beside the prediction; READY (flagged if slow) or FAILED."""
+    """Run the all-reduce probe and store it beside the prediction: READY (flagged if slow), FAILED, or
+    back to PROVISIONING with the slowest host replaced (a flagged cluster, VOLT_SLOW_HOST_REPLACEMENTS)."""
     nodes = active_nodes(cluster)
     if len(nodes) == 1:
         return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
@@ -364,7 +380,38 @@ def verify(cluster: Cluster) -> Cluster:
     if result is None:
         tail = "\n".join(logs.strip().splitlines()[-5:])
         return fail(cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {status.lower()}: {tail}")
-    return _ready(cluster, result, _probe_summary(cluster, result))
+    _still_wanted(cluster)
+    message = _probe_summary(cluster, result)
+    slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
+    node = next((n for n in nodes if slow and n.host.address == slow["node_ip"]), None)
+    if node is not None:
+        message += (
+            f"; {node.host.name} is the slowest host: {slow['what']} {slow['gbps']:.2f} GB/s, "
+            f"{slow['ratio']:.0%} of the other hosts' {slow['others_gbps']:.2f} GB/s"
+        )
+    if not _flagged(cluster, result) or node is None:
+        return _ready(cluster, result, message)
+    if cluster.slow_hosts_replaced >= settings.VOLT_SLOW_HOST_REPLACEMENTS:
+        return _ready(cluster, result, message + " (not replaced: VOLT_SLOW_HOST_REPLACEMENTS reached)")
+    note(cluster, message)
+    try:
+        replace_hosts(cluster, [node.host_id], f"the slowest host in the all-reduce probe ({slow['what']} "
+                      f"{slow['ratio']:.0%} of the other hosts')", keep_without_replacement=True)  # fmt: skip
+    except NoReplacement as exc:
+        return _ready(cluster, result, f"{message}; kept it: {exc}")
+    Cluster.objects.filter(pk=cluster.pk).update(slow_hosts_replaced=F("slow_hosts_replaced") + 1)
+    cluster.refresh_from_db()
+    return transitions.transition(
+        cluster, S.PROVISIONING, f"replacing the slow host {node.host.name}; probing again once it joins"
+    )
+
+
+def _flagged(cluster: Cluster, result: dict | None) -> bool:
+    measured = (result or {}).get("max_busbw_gbps")
+    predicted = cluster.predicted_busbw_gbps
+    return bool(
+        measured is not None and predicted and measured < settings.VOLT_PROBE_MIN_FRACTION * predicted
+    )
 
 
 def _probe_summary(cluster: Cluster, result: dict) -> str:
@@ -376,10 +423,7 @@ def _probe_summary(cluster: Cluster, result: dict) -> str:
 
 def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
     measured = (result or {}).get("max_busbw_gbps")
-    predicted = cluster.predicted_busbw_gbps
-    flagged = bool(
-        measured is not None and predicted and measured < settings.VOLT_PROBE_MIN_FRACTION * predicted
-    )
+    flagged = _flagged(cluster, result)
     if flagged:
         message += f"; below {settings.VOLT_PROBE_MIN_FRACTION:.0%} of the prediction: flagged"
     if measured is not None:
@@ -460,27 +504,43 @@ def _stop_on_host(driver, cluster: Cluster) -> list[int]:
     return left
 
 
-def replace_hosts(cluster: Cluster, host_ids: list[int], reason: str) -> None:
-    """Cordon the failed hosts as suspect and place their nodes again near the survivors."""
+def replace_hosts(
+    cluster: Cluster, host_ids: list[int], reason: str, keep_without_replacement: bool = False
+) -> None:
+    """Place the hosts' nodes again near the survivors, stop them and cordon the hosts as suspect.
+
+    Raises NoReplacement when no free host fits; the hosts are then cordoned all the same (they failed),
+    unless `keep_without_replacement` (a slow host still works: it keeps its node and its state).
+    """
     nodes = [n for n in active_nodes(cluster) if n.host_id in host_ids]
-    if any(node.is_head for node in nodes):  # the head died: re-form around a new head
+    try:
+        plan = _replacement_plan(cluster, nodes)
+    except NoReplacement:
+        if not keep_without_replacement:
+            _cordon_suspects(cluster, host_ids, reason)
+        raise
+    if any(node.is_head for node in nodes):  # the head goes: re-form around a new head
         teardown(cluster, active_nodes(cluster))
     else:
         teardown(cluster, nodes)
+    _cordon_suspects(cluster, host_ids, reason)
+    _swap_nodes(cluster, nodes, plan)
+
+
+def _cordon_suspects(cluster: Cluster, host_ids: list[int], reason: str) -> None:
     for host in Host.objects.filter(pk__in=host_ids, state__in=[HostState.AVAILABLE, HostState.DRAINING]):
         try:
             inventory.act_on_host(
                 host,
                 "cordon",
-                reason=f"suspect: failed while provisioning cluster {cluster.name}: {reason}"[:500],
+                reason=f"suspect: while provisioning cluster {cluster.name}: {reason}"[:500],
             )
         except IllegalTransition:
             pass
-    _swap_nodes(cluster, nodes)
 
 
-def _swap_nodes(cluster: Cluster, failed: list[ClusterNode]) -> None:
-    from clusters.services import _create_allocations, candidate_snapshots, to_request
+def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> placement.Plan:
+    from clusters.services import candidate_snapshots, to_request
 
     survivors = [n for n in active_nodes(cluster) if n not in failed]
     request = to_request(cluster.spec)
@@ -498,6 +558,12 @@ def _swap_nodes(cluster: Cluster, failed: list[ClusterNode]) -> None:
     plan = _near(request, candidates, survivors)
     if plan is None:
         raise NoReplacement(f"no free host can replace {', '.join(n.host.name for n in failed)}")
+    return plan
+
+
+def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Plan) -> None:
+    from clusters.services import _create_allocations
+
     with transaction.atomic():
         now = timezone.now()
         Allocation.objects.filter(node__in=failed, active=True).update(active=False, released_at=now)

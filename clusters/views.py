@@ -1,5 +1,6 @@
 """Console pages for clusters: list, request with live placement preview, detail with timeline."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -9,6 +10,7 @@ from django.views.decorators.http import require_POST
 from clusters import services
 from clusters.api.serializers import ClusterSpecSerializer
 from clusters.forms import ClusterForm
+from clusters.probes import allreduce
 from voltweb import services as accounts
 from voltweb.statemachine import IllegalTransition
 
@@ -99,8 +101,28 @@ def cluster_detail(request, pk):
         "queue_position": services.queue_position(cluster),
         "can_terminate": cluster.status in services.LIVE,
         "connection": services.connection_details(cluster),
+        "probe_hosts": _probe_hosts(cluster),
     }
     return render(request, "clusters/detail.html", context)
+
+
+def _probe_hosts(cluster) -> list[dict]:
+    """The probe's per-host figures, with host names, the slowest host marked."""
+    result = cluster.probe_result or {}
+    if not result.get("hosts"):
+        return []
+    names = dict(
+        cluster.nodes.filter(released_at__isnull=True).values_list("host__address", "host__name")
+    )
+    slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
+    return [
+        {
+            **row,
+            "name": names.get(row["node_ip"], row["node_ip"]),
+            "slowest": bool(slow and slow["rank"] == row["rank"]),
+        }
+        for row in result["hosts"]
+    ]
 
 
 @login_required

@@ -248,6 +248,10 @@ VOLT_PROBE_ITERS = env_int("VOLT_PROBE_ITERS", 10, minimum=1)
 VOLT_PROBE_TIMEOUT_S = env_float("VOLT_PROBE_TIMEOUT_S", 600.0, minimum=10.0, maximum=7200.0)
 # A cluster whose measured busbw is below this share of the prediction is flagged.
 VOLT_PROBE_MIN_FRACTION = env_float("VOLT_PROBE_MIN_FRACTION", 0.5, minimum=0.0, maximum=1.0)
+# A flagged cluster whose probe names one host as the slowest (a figure below this share of the other
+# hosts' median) gets that host replaced before READY, up to this many times per cluster (0: never).
+VOLT_SLOW_HOST_FRACTION = env_float("VOLT_SLOW_HOST_FRACTION", 0.5, minimum=0.0, maximum=1.0)
+VOLT_SLOW_HOST_REPLACEMENTS = env_int("VOLT_SLOW_HOST_REPLACEMENTS", 1, minimum=0)
 # Python that runs `ray start` on ssh hosts (local hosts use this project's interpreter).
 VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
 

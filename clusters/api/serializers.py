@@ -112,7 +112,8 @@ class ClusterSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "team", "created_by", "status", "priority", "spec", "gpu_model",
             "predicted_busbw_gbps", "predicted_allreduce_s", "measured_busbw_gbps", "bandwidth_flagged",
-            "price_per_hour", "queue_position", "queue_reason", "failure_reason", "failure_message",
+            "slow_hosts_replaced", "price_per_hour", "queue_position", "queue_reason", "failure_reason",
+            "failure_message",
             "connection", "probe_result", "plan", "nodes", "created_at", "queued_at", "placed_at", "ready_at",
             "ended_at",
         ]  # fmt: skip

@@ -10,7 +10,17 @@ float32 tensors of 1 MB .. max MB (powers of two): `warmup` untimed calls, then 
 `iters` timed calls; a size's time is the slowest rank's. Per size it reports bytes, time_s,
 algbw_gbps = bytes / time / 1e9 and busbw_gbps = algbw * 2(n-1)/n, and prints one line
 
-    VOLT_PROBE_RESULT {"nodes": n, "backend": "gloo", "results": [...], "max_busbw_gbps": ...}
+    VOLT_PROBE_RESULT {"nodes": n, "backend": "gloo", "results": [...], "max_busbw_gbps": ...,
+                       "hosts": [...], "links": [...]}
+
+A collective's time is set by its slowest member, so the all-reduce alone cannot say which host is
+slow. A second, per-host phase tells: one host at a time, a local memory test (`local_gbps`: an
+in-place add over the link-test message, 3 bytes moved per byte); then one link at a time, a two-way
+exchange between neighbours on a ring (0-1, 1-2, ..., n-1 - 0; one link for two nodes). Each figure
+is the best of `--host-rounds` windows of `--host-window-s` seconds, so a moment of load elsewhere
+does not make a host look slow, while a throttled one (CPU quota, bad DIMM, degraded NIC) stays slow
+in every window. A host's `link_gbps` is its best link: on a ring of three or more, a slow host is
+the one whose best link is slow too. `slowest_host()` reads the verdict.
 
 Backend: nccl when every rank sees CUDA (`torch.cuda.is_available()`), else gloo. The actors ask Ray
 for no GPU: CPU-only local hosts advertise GPUs that do not exist, and Ray 2.60 leaves
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Mapping
@@ -104,6 +115,90 @@ def summarize(
     }
 
 
+def ring_links(world: int) -> list[tuple[int, int]]:
+    """The neighbour pairs the per-host phase tests: a ring, or the one link between two nodes."""
+    if world < 2:
+        return []
+    if world == 2:
+        return [(0, 1)]
+    return [(i, (i + 1) % world) for i in range(world)]
+
+
+def summarize_hosts(
+    node_ips: list[str], local_gbps: list[float], links: list[tuple[int, int, float]]
+) -> list[dict[str, Any]]:
+    """One row per rank: its local memory bandwidth and its best link's bandwidth (GB/s per direction)."""
+    hosts = []
+    for rank, ip in enumerate(node_ips):
+        own = [gbps for a, b, gbps in links if rank in (a, b)]
+        hosts.append(
+            {
+                "rank": rank,
+                "node_ip": ip,
+                "local_gbps": local_gbps[rank],
+                "link_gbps": max(own) if own else None,
+            }
+        )
+    return hosts
+
+
+_METRICS = (("link_gbps", "best link"), ("local_gbps", "local memory bandwidth"))
+
+
+def slowest_host(result: Mapping[str, Any], fraction: float = 0.5) -> dict[str, Any] | None:
+    """The host that holds the cluster back, or None when no host stands out.
+
+    A host stands out when one of its figures is below `fraction` of the median of the other hosts'.
+    Links decide only on three or more nodes (two nodes share their one link); the local test decides
+    for any number. Returns {"rank", "node_ip", "metric", "what", "gbps", "others_gbps", "ratio"} for the
+    lowest ratio found.
+    """
+    hosts = list(result.get("hosts") or [])
+    worst: dict[str, Any] | None = None
+    for metric, what in _METRICS:
+        if metric == "link_gbps" and len(hosts) < 3:
+            continue
+        for host in hosts:
+            others = [h[metric] for h in hosts if h is not host and h.get(metric)]
+            if host.get(metric) is None or not others:
+                continue
+            median = statistics.median(others)
+            ratio = host[metric] / median
+            if worst is None or ratio < worst["ratio"]:
+                worst = {
+                    "rank": host["rank"],
+                    "node_ip": host["node_ip"],
+                    "metric": metric,
+                    "what": what,
+                    "gbps": host[metric],
+                    "others_gbps": median,
+                    "ratio": ratio,
+                }
+    return worst if worst is not None and worst["ratio"] < fraction else None
+
+
+def _best_rate(step: Any, nbytes: int, window_s: float, rounds: int, agree: Any = None) -> float:
+    """GB/s of `step()` (which moves nbytes and waits for it): the best of `rounds` timed windows.
+
+    A window is a fixed number of steps, sized from a first timed step to last about `window_s`;
+    `agree(count)` lets two ranks that step together settle on one count (every send needs its recv).
+    """
+    step()  # warm up: allocations, connections
+    started = time.perf_counter()
+    step()
+    once = max(time.perf_counter() - started, 1e-6)
+    count = max(1, min(10_000, round(window_s / once)))
+    if agree is not None:
+        count = agree(count)
+    best = 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(count):
+            step()
+        best = max(best, nbytes * count / (time.perf_counter() - started) / 1e9)
+    return best
+
+
 class _Collective:
     """all-reduce and barrier over gloo (bound to this node's IP) or NCCL."""
 
@@ -138,6 +233,21 @@ class _Collective:
         else:
             self._group.allreduce([tensor]).wait()
 
+    def exchange(self, peer: int, send: Any, recv: Any) -> None:
+        """Send `send` to peer while receiving `recv` from it; returns when both are done."""
+        if self._group is None:
+            import torch.distributed as dist
+
+            ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            self.synchronize()
+        else:
+            sent = self._group.send([send], peer, 7)
+            received = self._group.recv([recv], peer, 7)
+            sent.wait()
+            received.wait()
+
     def synchronize(self) -> None:
         if self.backend == "nccl":
             import torch
@@ -159,6 +269,7 @@ class Rank:
 
         self.node_ip = ray.util.get_node_ip_address()
         self._store = None
+        self._group: _Collective | None = None
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -174,32 +285,58 @@ class Rank:
         )
         return self._store.port
 
-    def run(
-        self,
-        rank: int,
-        world: int,
-        master: str,
-        port: int,
-        backend: str,
-        sizes: list[int],
-        iters: int,
-        warmup: int,
-    ) -> dict[str, Any]:
+    def join(self, rank: int, world: int, master: str, port: int, backend: str) -> bool:
+        """Form the process group; True when a small all-reduce adds up right on this rank."""
         import torch
         from torch.distributed import TCPStore
 
         store = self._store or TCPStore(master, port, world, is_master=False, timeout=_GROUP_TIMEOUT)
-        group = _Collective(backend, store, rank, world, self.node_ip)
-        try:
-            check = torch.full((8,), float(rank + 1), device=group.device)
-            group.all_reduce(check)
-            group.synchronize()
-            correct = bool(torch.all(check == world * (world + 1) / 2).item())
-            times = [self._time(group, torch.zeros(size // 4, dtype=torch.float32, device=group.device), iters, warmup)
-                     for size in sizes]  # fmt: skip
-        finally:
-            group.close()
-        return {"rank": rank, "node_ip": self.node_ip, "times": times, "correct": correct}
+        self._group = _Collective(backend, store, rank, world, self.node_ip)
+        check = torch.full((8,), float(rank + 1), device=self._group.device)
+        self._group.all_reduce(check)
+        self._group.synchronize()
+        return bool(torch.all(check == world * (world + 1) / 2).item())
+
+    def allreduce_times(self, sizes: list[int], iters: int, warmup: int) -> list[float]:
+        import torch
+
+        device = self._group.device
+        return [self._time(self._group, torch.zeros(size // 4, dtype=torch.float32, device=device), iters, warmup)
+                for size in sizes]  # fmt: skip
+
+    def local_gbps(self, size: int, window_s: float, rounds: int) -> float:
+        """This host alone: an in-place add over `size` bytes (reads 2, writes 1)."""
+        import torch
+
+        a = torch.ones(size // 4, dtype=torch.float32, device=self._group.device)
+        b = torch.ones_like(a)
+
+        def step() -> None:
+            a.add_(b)
+            self._group.synchronize()
+
+        return _best_rate(step, 3 * size, window_s, rounds)
+
+    def link_gbps(self, peer: int, size: int, window_s: float, rounds: int) -> float:
+        """This host and `peer` (who runs the same call): both send `size` bytes to the other at once."""
+        import torch
+
+        device = self._group.device
+        send = torch.ones(size // 4, dtype=torch.float32, device=device)
+        recv = torch.empty_like(send)
+
+        def agree(count: int) -> int:  # both sides run the larger of the two counts
+            mine = torch.tensor([count], dtype=torch.int64, device=device)
+            theirs = torch.zeros_like(mine)
+            self._group.exchange(peer, mine, theirs)
+            return max(count, int(theirs.item()))
+
+        return _best_rate(lambda: self._group.exchange(peer, send, recv), size, window_s, rounds, agree)
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
 
     @staticmethod
     def _time(group: _Collective, tensor: Any, iters: int, warmup: int) -> float:
@@ -213,7 +350,15 @@ class Rank:
         return (time.perf_counter() - started) / iters
 
 
-def run_probe(max_mb: int, iters: int, warmup: int, backend: str = "auto", expected_nodes: int | None = None):
+def run_probe(
+    max_mb: int,
+    iters: int,
+    warmup: int,
+    backend: str = "auto",
+    expected_nodes: int | None = None,
+    host_window_s: float = 0.2,
+    host_rounds: int = 2,
+):
     """Run the probe on the connected Ray cluster (call ray.init() first); returns the summary dict."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -231,23 +376,35 @@ def run_probe(max_mb: int, iters: int, warmup: int, backend: str = "auto", expec
         ).remote()
         for node in nodes
     ]
-    infos = ray.get([rank.info.remote() for rank in ranks], timeout=_RAY_TIMEOUT_S)
+
+    def get(refs):
+        return ray.get(refs, timeout=_RAY_TIMEOUT_S)
+
+    infos = get([rank.info.remote() for rank in ranks])
     if backend == "auto":
         backend = "nccl" if all(info["cuda"] for info in infos) else "gloo"
     world, sizes = len(ranks), message_sizes(max_mb)
-    port = ray.get(ranks[0].host_store.remote(world), timeout=_RAY_TIMEOUT_S)
+    port = get(ranks[0].host_store.remote(world))
     master = infos[0]["node_ip"]
-    runs = ray.get(
-        [
-            rank.run.remote(i, world, master, port, backend, sizes, iters, warmup)
-            for i, rank in enumerate(ranks)
-        ],
-        timeout=_RAY_TIMEOUT_S,
-    )
+    correct = get([rank.join.remote(i, world, master, port, backend) for i, rank in enumerate(ranks)])
+    try:
+        times = get([rank.allreduce_times.remote(sizes, iters, warmup) for rank in ranks])
+        # one host, then one link, at a time: nothing else competes with what is measured
+        test_size = min(sizes[-1], 64 * MB)
+        local = [get(rank.local_gbps.remote(test_size, host_window_s, host_rounds)) for rank in ranks]
+        links = []
+        for a, b in ring_links(world):
+            rates = get([ranks[a].link_gbps.remote(b, test_size, host_window_s, host_rounds),
+                         ranks[b].link_gbps.remote(a, test_size, host_window_s, host_rounds)])  # fmt: skip
+            links.append((a, b, min(rates)))
+    finally:
+        get([rank.close.remote() for rank in ranks])
+    node_ips = [info["node_ip"] for info in infos]
     return summarize(
-        world, backend, sizes, [run["times"] for run in runs],
-        node_ips=[info["node_ip"] for info in infos], iters=iters, warmup=warmup,
-        correct=all(run["correct"] for run in runs),
+        world, backend, sizes, times,
+        node_ips=node_ips, iters=iters, warmup=warmup, correct=all(correct),
+        hosts=summarize_hosts(node_ips, local, links),
+        links=[{"ranks": [a, b], "gbps": gbps} for a, b, gbps in links],
     )  # fmt: skip
 
 
@@ -260,13 +417,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes", type=int, default=None, help="fail unless exactly this many nodes are ALIVE"
     )
+    parser.add_argument(
+        "--host-window-s", type=float, default=0.2, help="per-host tests: seconds per timed window"
+    )
+    parser.add_argument("--host-rounds", type=int, default=2, help="per-host tests: windows (best counts)")
     args = parser.parse_args(argv)
 
     import ray
 
     ray.init(log_to_driver=False)  # inside the job: the job supervisor sets RAY_ADDRESS
     try:
-        summary = run_probe(args.max_mb, args.iters, args.warmup, args.backend, args.nodes)
+        summary = run_probe(
+            args.max_mb,
+            args.iters,
+            args.warmup,
+            args.backend,
+            args.nodes,
+            args.host_window_s,
+            args.host_rounds,
+        )
     finally:
         ray.shutdown()
     print(RESULT_PREFIX + json.dumps(summary), flush=True)

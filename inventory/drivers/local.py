@@ -12,14 +12,21 @@ directory, and `faults/` holds files that inject failures:
     faults/partitioned          the host cannot reach other hosts: a Ray worker started here keeps
                                 running but never joins its head (commands get the head's address
                                 rewritten to a closed port, as a firewall drop would leave it)
+    faults/throttled            "20": the host runs at 20% of one CPU (a thermally throttled or
+                                oversubscribed machine): every command, and every process it starts
+                                (Ray nodes and their workers too), runs in a CPU cgroup with that
+                                quota. Needs a writable cgroup (root); clear_fault removes the cgroup
+                                once nothing runs in it.
 A host without nvidia-smi is a sandbox whose bin/ lacks it (fault `nvidia_smi_missing` at creation).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,6 +45,7 @@ FAULTS = (
     "ecc_uncorrectable",
     "hot",
     "partitioned",
+    "throttled",
 )
 _HEAD_ADDRESS = re.compile(r"--address=([0-9.]+):\d+")
 _TOOLS = ("nvidia-smi", "ibstat")
@@ -81,6 +89,10 @@ class LocalDriver(HostDriver):
         self._check_up()
         if (self.sandbox / "faults" / "partitioned").exists():
             command = _HEAD_ADDRESS.sub(r"--address=\1:1", command)
+        throttle = self.sandbox / "faults" / "throttled"
+        if throttle.exists():
+            procs = _cpu_cgroup(self.sandbox, _throttle_percent(throttle.read_text()))
+            command = f"echo $$ > {shlex.quote(str(procs))} && {command}"
         limit = timeout or self.default_timeout
         proc = subprocess.Popen(
             ["bash", "-c", command],
@@ -158,6 +170,59 @@ def set_fault(sandbox: Path, name: str, content: str = "") -> None:
 
 def clear_fault(sandbox: Path, name: str) -> None:
     (sandbox / "faults" / name).unlink(missing_ok=True)
+    if name == "throttled":
+        _remove_cpu_cgroup(sandbox)
+
+
+# --- the `throttled` fault: a CPU cgroup per sandbox ------------------------------------------------
+
+_CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+_CGROUP_V2 = Path("/sys/fs/cgroup")
+_PERIOD_US = 100_000
+
+
+def _throttle_percent(content: str) -> int:
+    text = content.strip() or "20"
+    try:
+        percent = int(text)
+    except ValueError:
+        raise DriverError(f"fault throttled holds {text!r}; write a CPU percentage from 1 to 100") from None
+    if not 1 <= percent <= 100:
+        raise DriverError(f"fault throttled holds {percent}; write a CPU percentage from 1 to 100")
+    return percent
+
+
+def _cgroup_dir(sandbox: Path) -> Path:
+    name = "volt-throttle-" + hashlib.sha1(str(Path(sandbox).resolve()).encode()).hexdigest()[:12]
+    if (_CGROUP_V2 / "cgroup.controllers").exists():
+        return _CGROUP_V2 / name
+    return _CGROUP_V1_CPU / name
+
+
+def _cpu_cgroup(sandbox: Path, percent: int) -> Path:
+    """The sandbox's CPU cgroup, capped at `percent` of one CPU; returns its cgroup.procs file."""
+    group = _cgroup_dir(sandbox)
+    quota = percent * _PERIOD_US // 100
+    try:
+        group.mkdir(exist_ok=True)
+        if group.parent == _CGROUP_V2:
+            (group / "cpu.max").write_text(f"{quota} {_PERIOD_US}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+    except OSError as exc:
+        raise DriverError(
+            f"fault throttled needs a writable CPU cgroup ({group}: {exc.strerror or exc}); "
+            "run as root, or with the cpu controller delegated to this user"
+        ) from exc
+    return group / "cgroup.procs"
+
+
+def _remove_cpu_cgroup(sandbox: Path) -> None:
+    try:
+        _cgroup_dir(sandbox).rmdir()
+    except OSError:  # absent, or processes still run in it (they keep their cap until they end)
+        pass
 
 
 def _tool_script(tool: str) -> str:

@@ -208,6 +208,10 @@ def test_allreduce_probe_reports_bandwidth_for_every_size(cluster: Cluster):
         assert row["time_s"] > 0 and row["busbw_gbps"] > 0
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 4 / 3)
     assert result["max_busbw_gbps"] == max(row["busbw_gbps"] for row in result["results"])
+    # the per-host phase: every host alone, then every ring link alone
+    assert [h["node_ip"] for h in result["hosts"]] == result["node_ips"]
+    assert all(h["local_gbps"] > 0 and h["link_gbps"] > 0 for h in result["hosts"])
+    assert [link["ranks"] for link in result["links"]] == [[0, 1], [1, 2], [2, 0]]
 
 
 def test_a_task_pinned_to_each_host_runs_on_that_host(cluster: Cluster, tmp_path: Path):

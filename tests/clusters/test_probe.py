@@ -1,0 +1,69 @@
+"""The probe's arithmetic and its verdict on which host is slow (pure Python; Ray runs it in integration)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusters.probes.allreduce import MB, message_sizes, ring_links, slowest_host, summarize, summarize_hosts
+
+
+def result_with(local: list[float], links: list[float]) -> dict:
+    ips = [f"127.0.0.{i + 2}" for i in range(len(local))]
+    pairs = ring_links(len(local))
+    return {"hosts": summarize_hosts(ips, local, [(a, b, g) for (a, b), g in zip(pairs, links, strict=True)])}
+
+
+def test_ring_links_cover_every_host_twice_from_three_nodes():
+    assert ring_links(1) == []
+    assert ring_links(2) == [(0, 1)]
+    assert ring_links(4) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+
+
+def test_summarize_reports_nccl_tests_figures_from_the_slowest_rank():
+    summary = summarize(4, "gloo", [MB, 2 * MB], [[0.001, 0.002], [0.002, 0.004]])
+
+    first = summary["results"][0]
+    assert first["time_s"] == 0.002  # the slower rank's time
+    assert first["algbw_gbps"] == pytest.approx(MB / 0.002 / 1e9)
+    assert first["busbw_gbps"] == pytest.approx(first["algbw_gbps"] * 2 * 3 / 4)
+    assert summary["max_busbw_gbps"] == max(r["busbw_gbps"] for r in summary["results"])
+
+
+def test_message_sizes_double_up_to_the_largest_and_refuse_an_empty_range():
+    assert message_sizes(8) == [MB, 2 * MB, 4 * MB, 8 * MB]
+    with pytest.raises(ValueError, match="below --min-mb"):
+        message_sizes(0)
+
+
+def test_a_host_gets_its_best_link():
+    hosts = result_with([100, 100, 100], [1.0, 0.2, 0.9])["hosts"]  # links 0-1, 1-2, 2-0
+
+    assert [h["link_gbps"] for h in hosts] == [1.0, 1.0, 0.9]
+
+
+def test_healthy_hosts_name_no_one():
+    assert slowest_host(result_with([120, 150, 100, 130], [1.4, 1.2, 1.3, 1.5])) is None
+
+
+def test_a_host_whose_both_links_are_slow_is_named_on_a_ring():
+    slow = slowest_host(result_with([120, 118, 121], [0.4, 0.45, 1.3]))  # host 1: links 0-1 and 1-2
+
+    assert slow["rank"] == 1 and slow["node_ip"] == "127.0.0.3" and slow["metric"] == "link_gbps"
+    assert slow["ratio"] == pytest.approx(0.45 / 1.3)
+
+
+def test_with_two_nodes_the_shared_link_names_no_one_but_the_local_test_does():
+    assert slowest_host(result_with([120, 118], [0.2])) is None
+    slow = slowest_host(result_with([120, 20], [0.2]))
+    assert slow["rank"] == 1 and slow["metric"] == "local_gbps" and slow["what"] == "local memory bandwidth"
+
+
+def test_the_fraction_sets_how_far_behind_a_host_must_be():
+    result = result_with([100, 60, 100], [1.0, 1.0, 1.0])
+
+    assert slowest_host(result, fraction=0.5) is None
+    assert slowest_host(result, fraction=0.7)["rank"] == 1
+
+
+def test_a_result_without_per_host_figures_names_no_one():
+    assert slowest_host({"nodes": 3, "results": []}) is None
