@@ -104,6 +104,7 @@ def volt_run(nodes: int) -> dict:
         "seconds": round(total, 2),
         "probe_seconds": round(probe, 2),
         "busbw_gbps": cluster.measured_busbw_gbps,
+        "slow_hosts_replaced": cluster.slow_hosts_replaced,
         "hosts": hosts,
     }
 
@@ -186,6 +187,7 @@ def main() -> None:
                     "volt_over_ray_start_excl_probe": round((volt_s - probe_s) / base, 2),
                     "probe_busbw_gbps": statistics.median(v["busbw_gbps"] or 0.0 for v in volts) or None,
                     "volt_runs_s": [v["seconds"] for v in volts],
+                    "slow_hosts_replaced": sum(v["slow_hosts_replaced"] for v in volts),
                     "ray_start_runs_s": bases,
                 }
             )
