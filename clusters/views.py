@@ -69,12 +69,35 @@ def cluster_preview(request):
     )
 
 
-def _topology(plan: dict | None) -> list[dict]:
-    """Plan nodes grouped region > site > fabric > block, for the topology view."""
+def _placed_nodes(cluster) -> list[dict]:
+    """The cluster's nodes as they are now (a replaced host shows its replacement), as plan nodes."""
+    nodes = cluster.nodes.filter(released_at__isnull=True).select_related(
+        "host__provider", "host__site", "host__fabric", "host__block"
+    )
+    return [
+        {
+            "rank": n.rank,
+            "is_head": n.is_head,
+            "host": n.host.name,
+            "provider": n.host.provider.name,
+            "region": n.host.site.region,
+            "site": n.host.site.name,
+            "fabric": n.host.fabric.name,
+            "block": n.host.block.name,
+            "gpu_indices": n.gpu_indices,
+        }
+        for n in nodes.order_by("rank")
+    ]
+
+
+def _topology(plan: dict | None, nodes: list[dict] | None = None) -> list[dict]:
+    """Nodes grouped region > site > fabric > block, for the topology view (the plan's if none given)."""
     if not plan or not plan.get("placed"):
         return []
+    if not nodes:
+        nodes = [{**n, "is_head": n["rank"] == 0} for n in plan["nodes"]]  # a plan's head is rank 0
     tree: dict = {}
-    for node in plan["nodes"]:
+    for node in nodes:
         site = tree.setdefault((node["region"], node["site"]), {})
         fabric = site.setdefault(node["fabric"], {})
         fabric.setdefault(node["block"], []).append(node)
@@ -97,7 +120,7 @@ def cluster_detail(request, pk):
     context = {
         "cluster": cluster,
         "events": cluster.events.all(),
-        "topology": _topology(cluster.plan),
+        "topology": _topology(cluster.plan, _placed_nodes(cluster)),
         "queue_position": services.queue_position(cluster),
         "can_terminate": cluster.status in services.LIVE,
         "connection": services.connection_details(cluster),
@@ -111,9 +134,7 @@ def _probe_hosts(cluster) -> list[dict]:
     result = cluster.probe_result or {}
     if not result.get("hosts"):
         return []
-    names = dict(
-        cluster.nodes.filter(released_at__isnull=True).values_list("host__address", "host__name")
-    )
+    names = dict(cluster.nodes.filter(released_at__isnull=True).values_list("host__address", "host__name"))
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     return [
         {

@@ -335,6 +335,8 @@ def test_slowest_host_is_replaced_before_ready(alice, local_hosts, client_for, c
 
     page = console_page(alice, f"/clusters/{cluster['id']}/")
     assert "1 slow host replaced before READY" in page and 'id="probe-hosts"' in page
+    topology = page.split('class="topology"')[1].split('class="explain"')[0]
+    assert "<strong>h3</strong>" in topology and "<strong>h1</strong>" not in topology  # as it is now
     client.post(f"/api/v1/clusters/{cluster['id']}/terminate/")
 
 
