@@ -209,6 +209,7 @@ class _Collective:
         self.backend = backend
         self.device = torch.device("cuda:0" if backend == "nccl" else "cpu")
         if backend == "nccl":
+            torch.cuda.set_device(self.device)  # NCCL's P2P calls hang without a current device
             dist.init_process_group(
                 "nccl",
                 store=store,
