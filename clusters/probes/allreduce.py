@@ -17,9 +17,9 @@ A collective's time is set by its slowest member, so the all-reduce alone cannot
 slow. A second, per-host phase tells: one host at a time, a local memory test (`local_gbps`: an
 in-place add over the link-test message, 3 bytes moved per byte); then one link at a time, a two-way
 exchange between neighbours on a ring (0-1, 1-2, ..., n-1 - 0; one link for two nodes). Each figure
-is the best of `--host-rounds` windows of `--host-window-s` seconds, so a moment of load elsewhere
-does not make a host look slow, while a throttled one (CPU quota, bad DIMM, degraded NIC) stays slow
-in every window. A host's `link_gbps` is its best link: on a ring of three or more, a slow host is
+is the best of `--host-rounds` windows of `--host-window-s` seconds, taken round-robin so a host's
+windows lie apart in time: a moment of load elsewhere does not make a host look slow, while a
+throttled one (CPU quota, bad DIMM, degraded NIC) stays slow in every window. A host's `link_gbps` is its best link: on a ring of three or more, a slow host is
 the one whose best link is slow too. `slowest_host()` reads the verdict.
 
 Backend: nccl when every rank sees CUDA (`torch.cuda.is_available()`), else gloo. The actors ask Ray
@@ -390,14 +390,22 @@ def run_probe(
     correct = get([rank.join.remote(i, world, master, port, backend) for i, rank in enumerate(ranks)])
     try:
         times = get([rank.allreduce_times.remote(sizes, iters, warmup) for rank in ranks])
-        # one host, then one link, at a time: nothing else competes with what is measured
+        # One host, then one link, at a time: nothing else competes with what is measured. Rounds go
+        # round-robin, so a host's windows lie apart in time and a burst of load elsewhere that
+        # spoils one of them does not spoil the other: the best window counts.
         test_size = min(sizes[-1], 64 * MB)
-        local = [get(rank.local_gbps.remote(test_size, host_window_s, host_rounds)) for rank in ranks]
-        links = []
-        for a, b in ring_links(world):
-            rates = get([ranks[a].link_gbps.remote(b, test_size, host_window_s, host_rounds),
-                         ranks[b].link_gbps.remote(a, test_size, host_window_s, host_rounds)])  # fmt: skip
-            links.append((a, b, min(rates)))
+        local = [0.0] * world
+        pairs = ring_links(world)
+        link_rates = [0.0] * len(pairs)
+        for _ in range(host_rounds):
+            for i, rank in enumerate(ranks):
+                local[i] = max(local[i], get(rank.local_gbps.remote(test_size, host_window_s, 1)))
+        for _ in range(host_rounds):
+            for index, (a, b) in enumerate(pairs):
+                rates = get([ranks[a].link_gbps.remote(b, test_size, host_window_s, 1),
+                             ranks[b].link_gbps.remote(a, test_size, host_window_s, 1)])  # fmt: skip
+                link_rates[index] = max(link_rates[index], min(rates))
+        links = [(a, b, rate) for (a, b), rate in zip(pairs, link_rates, strict=True)]
     finally:
         get([rank.close.remote() for rank in ranks])
     node_ips = [info["node_ip"] for info in infos]
