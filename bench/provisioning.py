@@ -41,6 +41,9 @@ def setup(workdir: Path, hosts: int) -> None:
             "VOLT_DATA_DIR": str(workdir),
             "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
             "VOLT_AUTO_PROVISION": "0",
+            # No worker runs here: tasks the services enqueue must not wait in a real broker for the
+            # next Volt (a demo) to pick up. The bench calls the services itself.
+            "CELERY_BROKER_URL": "memory://",
         }
     )
     import django
