@@ -102,7 +102,7 @@ def volt_run(nodes: int) -> dict:
     events = {e.to_status: e.at for e in cluster.events.all() if e.from_status != e.to_status}
     probe = (events["ready"] - events["verifying"]).total_seconds() if "verifying" in events else 0.0
     hosts = [n.host for n in cluster.nodes.filter(released_at__isnull=True).select_related("host__provider")]
-    services.terminate_cluster(cluster)
+    services.terminate_cluster(cluster, wait=True)
     return {
         "seconds": round(total, 2),
         "probe_seconds": round(probe, 2),

@@ -564,16 +564,31 @@ def _queue_provisioning(cluster_id: int) -> None:
         transaction.on_commit(lambda: provision_cluster_task.delay(cluster_id))
 
 
-def terminate_cluster(cluster: Cluster, actor: AbstractBaseUser | None = None) -> Cluster:
-    """Cancel a waiting cluster, or stop a running one's Ray processes, remove its key, free its GPUs."""
+def terminate_cluster(
+    cluster: Cluster, actor: AbstractBaseUser | None = None, *, wait: bool = False
+) -> Cluster:
+    """Cancel a waiting cluster at once; send a running one to TERMINATING.
+
+    Stopping its Ray processes, removing its key and freeing its GPUs is host work, so a worker does it
+    (terminate_cluster_task, after commit; the reaper re-sends it if that worker dies). `wait=True`
+    does it in this call instead: for workers, scripts and tests, never a web request.
+    """
     if cluster.status in (S.PENDING, S.PLACING, S.QUEUED):
         return transitions.transition(
             cluster, S.TERMINATED, f"cancelled by {actor or 'system'}", extra={"ended_at": timezone.now()}
         )
     if cluster.status not in LIVE:
         raise IllegalTransition(cluster, cluster.status, S.TERMINATING)
-    transitions.transition(cluster, S.TERMINATING, f"terminate requested by {actor or 'system'}")
-    return finish_termination(cluster)
+    cluster = transitions.transition(
+        cluster, S.TERMINATING, f"terminate requested by {actor or 'system'}; stopping its Ray processes"
+    )
+    if wait:
+        return finish_termination(cluster)
+    from clusters.tasks import terminate_cluster_task
+
+    cluster_id = cluster.pk
+    transaction.on_commit(lambda: terminate_cluster_task.delay(cluster_id))
+    return cluster
 
 
 def finish_termination(cluster: Cluster) -> Cluster:

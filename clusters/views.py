@@ -151,8 +151,13 @@ def _probe_hosts(cluster) -> list[dict]:
 def cluster_terminate(request, pk):
     cluster = get_object_or_404(services.visible_clusters(request.user), pk=pk)
     try:
-        services.terminate_cluster(cluster, request.user)
-        messages.success(request, f"{cluster.name} terminated; its GPUs are free again.")
+        cluster = services.terminate_cluster(cluster, request.user)
+        if cluster.status == "terminating":
+            messages.success(
+                request, f"Terminating {cluster.name}: stopping its Ray processes, then freeing its GPUs."
+            )
+        else:
+            messages.success(request, f"{cluster.name} cancelled; it held no GPUs.")
     except IllegalTransition as exc:
         messages.error(request, str(exc))
     return redirect("clusters:detail", pk=pk)

@@ -48,7 +48,9 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=None, responses={202: s.ClusterSerializer, 409: ErrorResponseSerializer})
     @action(detail=True, methods=["post"])
     def terminate(self, request, pk=None):
-        """Cancel a pending or queued cluster, or terminate a running one (frees its GPUs)."""
+        """Cancel a pending or queued cluster (answers `terminated`), or terminate a running one: it answers
+        `terminating` at once while a worker stops the cluster's Ray processes, removes its key and frees
+        its GPUs; poll the cluster (or `volt clusters terminate --wait`) until it is `terminated`."""
         cluster = self.get_object()
         try:
             cluster = services.terminate_cluster(cluster, request.user)

@@ -5,6 +5,7 @@ from django.db import IntegrityError, transaction
 
 from clusters import services
 from clusters.models import Allocation, Cluster
+from clusters.tasks import terminate_cluster_task
 from inventory.models import Host
 from tests.clusters.conftest import spec
 
@@ -93,7 +94,8 @@ def test_terminating_frees_gpus_and_places_the_queue_in_priority_order(alice, ra
 
     with committed():
         response = client.post(f"/api/v1/clusters/{first.pk}/terminate/")
-    assert response.status_code == 202 and response.json()["status"] == "terminated"
+    assert response.status_code == 202 and response.json()["status"] == "terminating"  # a worker finishes
+    assert client.get(f"/api/v1/clusters/{first.pk}/").json()["status"] == "terminated"
 
     statuses = dict(Cluster.objects.values_list("name", "status"))
     assert statuses["high"] == "provisioning"
@@ -123,10 +125,13 @@ def test_release_frees_gpus_exactly_once(alice, rack, client_for, committed):
 def test_terminating_twice_is_a_409(alice, rack, client_for, committed):
     client = client_for(alice)
     cluster = request(client, committed, nodes=1)
-    with committed():
-        client.post(f"/api/v1/clusters/{cluster.pk}/terminate/")
+    client.post(f"/api/v1/clusters/{cluster.pk}/terminate/")  # no commit: the worker has not finished yet
     response = client.post(f"/api/v1/clusters/{cluster.pk}/terminate/")
     assert response.status_code == 409 and response.json()["error"]["code"] == "illegal_transition"
+    assert "It is terminating" in response.json()["error"]["message"]
+    terminate_cluster_task.apply(args=(cluster.pk,))  # what the worker runs once the request commits
+    response = client.post(f"/api/v1/clusters/{cluster.pk}/terminate/")
+    assert response.status_code == 409 and "It is terminated" in response.json()["error"]["message"]
 
 
 def test_queued_request_can_be_cancelled(alice, rack, client_for, committed):

@@ -75,6 +75,26 @@ def test_queued_cluster_page_shows_position_and_cancel(client, alice, rack, comm
     assert Cluster.objects.get(pk=waiting.pk).status == "terminated"
 
 
+def test_terminate_button_hands_the_host_work_to_a_worker(client, alice, rack, committed):
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM | {"name": "running"})
+    cluster = Cluster.objects.get(name="running")
+    assert cluster.status == "provisioning"
+
+    page = client.post(f"/clusters/{cluster.pk}/terminate/", follow=True).content.decode()
+
+    assert "Terminating running: stopping its Ray processes, then freeing its GPUs." in page
+    assert Cluster.objects.get(pk=cluster.pk).status == "terminating"
+    assert cluster.allocations.filter(active=True).exists()  # held until the worker has stopped everything
+    from clusters.tasks import terminate_cluster_task  # the request's commit would send it; run it as a worker
+
+
+    assert terminate_cluster_task.apply(args=(cluster.pk,)).get() == "terminated"
+    assert not cluster.allocations.filter(active=True).exists()
+    assert "Ray processes stopped and GPUs released" in client.get(f"/clusters/{cluster.pk}/").content.decode()
+
+
 def test_other_team_cannot_open_cluster_page(client, alice, bob, rack, committed):
     client.force_login(alice)
     with committed():

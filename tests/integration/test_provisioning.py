@@ -48,8 +48,11 @@ def no_leftovers(local_hosts):
     yield
     from clusters import services
 
-    for cluster in Cluster.objects.filter(status__in=services.LIVE):
-        services.terminate_cluster(cluster)
+    for cluster in Cluster.objects.filter(status__in=[*services.LIVE, "terminating"]):
+        if cluster.status == "terminating":
+            services.finish_termination(cluster)
+        else:
+            services.terminate_cluster(cluster, wait=True)
     for host in local_hosts:
         clear_fault(inventory.sandbox_path(host), "unreachable")  # look at every host, broken ones too
         clear_fault(inventory.sandbox_path(host), "partitioned")
@@ -66,6 +69,14 @@ def request(client, committed, nodes, name="run"):
         response = client.post("/api/v1/clusters/", body, format="json")
     assert response.status_code == 202, response.json()
     return client.get(f"/api/v1/clusters/{response.json()['id']}/").json()
+
+
+def terminate(client, committed, cluster_id: int) -> dict:
+    """Terminate through the API; the terminate task runs at commit (as a worker would). The cluster after."""
+    with committed():
+        response = client.post(f"/api/v1/clusters/{cluster_id}/terminate/")
+    assert response.status_code == 202 and response.json()["status"] == "terminating", response.json()
+    return client.get(f"/api/v1/clusters/{cluster_id}/").json()
 
 
 def run_on_every_node(dashboard_url: str, host_ids: list[int]) -> set[str]:
@@ -111,8 +122,7 @@ def test_three_node_cluster_becomes_ready_runs_work_and_terminates_clean(
         h.address for h in host_rows
     }
 
-    response = client.post(f"/api/v1/clusters/{cluster['id']}/terminate/")
-    assert response.json()["status"] == "terminated"
+    assert terminate(client, committed, cluster["id"])["status"] == "terminated"
     assert not Allocation.objects.filter(active=True).exists()
     assert all(h.free_gpus == h.gpu_count for h in Host.objects.all())
 
@@ -129,7 +139,7 @@ def test_unreachable_host_is_replaced_and_cordoned_as_suspect(
     bad = Host.objects.get(pk=local_hosts[0].pk)
     assert bad.state == "cordoned" and "suspect" in bad.events.first().message
     assert bad.free_gpus == 2  # its GPUs went back; the cordon keeps it out of placement
-    client_for(alice).post(f"/api/v1/clusters/{cluster['id']}/terminate/")
+    terminate(client_for(alice), committed, cluster["id"])
 
 
 def test_exhausted_retries_fail_cleanly(alice, local_hosts, client_for, committed, settings, no_leftovers):
@@ -176,13 +186,13 @@ def test_two_clusters_provisioned_at_once_coexist_and_terminating_one_leaves_the
     first, second = (Cluster.objects.get(pk=c.pk) for c in clusters)
     assert first.ray_address != second.ray_address
 
-    services.terminate_cluster(first)
+    services.terminate_cluster(first, wait=True)
 
     second_hosts = list(Host.objects.filter(cluster_nodes__cluster=second))
     assert run_on_every_node(second.dashboard_url, [h.pk for h in second_hosts]) == {
         h.address for h in second_hosts
     }
-    services.terminate_cluster(Cluster.objects.get(pk=second.pk))
+    services.terminate_cluster(Cluster.objects.get(pk=second.pk), wait=True)
 
 
 def _start_worker(name: str, env: dict, log) -> subprocess.Popen:
@@ -271,7 +281,7 @@ def test_celery_worker_killed_mid_provisioning_still_ends_ready(
         )
         assert final.status == "ready", final.failure_message
         assert Allocation.objects.filter(cluster=final, active=True).count() == 4
-        services.terminate_cluster(final)
+        services.terminate_cluster(final, wait=True)
     finally:
         for worker in (first, second):
             if worker is not None and worker.poll() is None:
@@ -296,7 +306,7 @@ def test_worker_that_never_joins_is_replaced(
     ]
     assert any("h1 did not join" in e for e in events) and any(e.startswith("replaced h1 by") for e in events)
     assert Host.objects.get(pk=local_hosts[1].pk).state == "cordoned"
-    client_for(alice).post(f"/api/v1/clusters/{cluster['id']}/terminate/")
+    terminate(client_for(alice), committed, cluster["id"])
 
 
 def console_page(user, path: str) -> str:
@@ -337,7 +347,7 @@ def test_slowest_host_is_replaced_before_ready(alice, local_hosts, client_for, c
     assert "1 slow host replaced before READY" in page and 'id="probe-hosts"' in page
     topology = page.split('class="topology"')[1].split('class="explain"')[0]
     assert "<strong>h3</strong>" in topology and "<strong>h1</strong>" not in topology  # as it is now
-    client.post(f"/api/v1/clusters/{cluster['id']}/terminate/")
+    terminate(client, committed, cluster["id"])
 
 
 def test_a_slow_host_with_no_replacement_is_kept_and_named(
@@ -359,4 +369,4 @@ def test_a_slow_host_with_no_replacement_is_kept_and_named(
     assert Host.objects.get(pk=local_hosts[1].pk).state == "available"  # nothing better to move to
     page = console_page(alice, f"/clusters/{cluster['id']}/")
     assert "slowest</span>" in page
-    client.post(f"/api/v1/clusters/{cluster['id']}/terminate/")
+    terminate(client, committed, cluster["id"])

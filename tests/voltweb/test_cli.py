@@ -64,13 +64,18 @@ def purge_queues() -> None:
 
 @pytest.fixture
 def worker(empty_queues):
-    """A real worker thread consuming the placement queue from Redis.
+    """A real worker thread consuming the placement and provisioning queues from Redis.
 
-    Placement only: provisioning has its own tests (tests/integration/test_provisioning.py), so placed
-    clusters stay `provisioning` here.
+    Nothing is provisioned (VOLT_AUTO_PROVISION is off in tests; provisioning has its own tests in
+    tests/integration/test_provisioning.py), so placed clusters stay `provisioning` here; the
+    provisioning queue is consumed for the terminate task.
     """
     with start_worker(
-        celery_app, pool="solo", perform_ping_check=False, queues=["placement"], shutdown_timeout=20
+        celery_app,
+        pool="solo",
+        perform_ping_check=False,
+        queues=["placement", "provisioning"],
+        shutdown_timeout=20,
     ):
         yield
 
@@ -150,9 +155,8 @@ def test_bad_token_exits_1_with_401(volt):
     assert run.code == 1 and "401" in run.err and "VOLT_TOKEN" in run.err
 
 
-def test_get_list_events_and_terminate(volt, hosts):
-    cluster_id = volt(*CREATE, "--nodes", "2").json["id"]
-    clusters.place_cluster(cluster_id)
+def test_get_list_events_and_terminate(volt, hosts, worker):
+    cluster_id = volt(*CREATE, "--nodes", "2", "--wait-for", "provisioning").json["id"]
 
     got = volt("clusters", "get", str(cluster_id))
     assert got.code == 0 and got.json["status"] == "provisioning" and len(got.json["nodes"]) == 2
