@@ -3,6 +3,7 @@
 import pytest
 
 from clusters.models import Cluster
+from clusters.tasks import terminate_cluster_task
 
 pytestmark = pytest.mark.django_db
 
@@ -87,9 +88,8 @@ def test_terminate_button_hands_the_host_work_to_a_worker(client, alice, rack, c
     assert "Terminating running: stopping its Ray processes, then freeing its GPUs." in page
     assert Cluster.objects.get(pk=cluster.pk).status == "terminating"
     assert cluster.allocations.filter(active=True).exists()  # held until the worker has stopped everything
-    from clusters.tasks import terminate_cluster_task  # the request's commit would send it; run it as a worker
 
-
+    # the request's commit would send the task: run it as the worker would
     assert terminate_cluster_task.apply(args=(cluster.pk,)).get() == "terminated"
     assert not cluster.allocations.filter(active=True).exists()
     assert "Ray processes stopped and GPUs released" in client.get(f"/clusters/{cluster.pk}/").content.decode()
