@@ -30,7 +30,7 @@ _NIC_ALIAS = re.compile(r"^NIC\d+$")
 _DEVICE = re.compile(r"^[A-Za-z][\w.-]*$")
 _CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _NIC_LEGEND = re.compile(r"^(NIC\d+)\s*:\s*(\S+)$")
-_EXPECTED_HEADER = "the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity ...)"
+_EXPECTED_HEADER = "the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... [CPU Affinity ...])"
 
 
 def _line_ref(number: int, line: str) -> str:
@@ -40,9 +40,11 @@ def _line_ref(number: int, line: str) -> str:
 
 def _header(number: int, line: str) -> tuple[list[str], list[str]]:
     """Device names and affinity column labels of the header row."""
-    at = line.find("CPU Affinity")
-    devices = line[:at].split() if at >= 0 else []
-    if at < 0 or not any(_GPU.match(d) for d in devices) or not all(_DEVICE.match(d) for d in devices):
+    # Affinity columns are optional: some drivers (and VMs without NUMA information) print none.
+    found = [line.find(c) for c in _AFFINITY_COLUMNS if c in line]
+    at = min(found) if found else len(line)
+    devices = line[:at].split()
+    if not any(_GPU.match(d) for d in devices) or not all(_DEVICE.match(d) for d in devices):
         raise ParseError(f"nvidia-smi topo -m: expected {_EXPECTED_HEADER}, saw {_line_ref(number, line)}")
     if len(set(devices)) != len(devices):
         raise ParseError(

@@ -20,6 +20,10 @@ QUERY_FIELDS = (
 )
 
 
+# `topo -m` link classes between a NIC and a GPU, nearest first.
+PCIE_LINK_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
+
+
 class ParseError(ValueError):
     """Output that cannot be understood. The message says what was expected and what was seen."""
 
@@ -62,6 +66,21 @@ class TopoMatrix:
     cpu_affinity: dict[str, str] = field(default_factory=dict)
     numa_affinity: dict[str, str] = field(default_factory=dict)
     gpu_numa_id: dict[str, str] = field(default_factory=dict)  # newer drivers; "N/A" for discrete GPUs
+
+    def closest_gpus(self, nic: str) -> tuple[str, tuple[int, ...]]:
+        """(link, GPU indices) of the GPUs nearest to `nic` ("NIC0" or "mlx5_0"): ("PIX", (5,)).
+
+        Nearest is the best PCIe link class printed between the NIC and any GPU; ("", ()) if none.
+        """
+        best: tuple[int, str, list[int]] = (len(PCIE_LINK_ORDER), "", [])
+        for gpu in self.gpus:
+            link = self.links.get((nic, gpu)) or self.links.get((gpu, nic), "")
+            rank = PCIE_LINK_ORDER.index(link) if link in PCIE_LINK_ORDER else len(PCIE_LINK_ORDER)
+            if rank < best[0]:
+                best = (rank, link, [int(gpu[3:])])
+            elif rank == best[0] and rank < len(PCIE_LINK_ORDER):
+                best[2].append(int(gpu[3:]))
+        return best[1], tuple(sorted(best[2]))
 
     def nvlink_domains(self) -> list[list[int]]:
         """GPU indices grouped by NVLink connectivity (connected components over NV# links).

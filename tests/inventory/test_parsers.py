@@ -224,6 +224,25 @@ def test_pcie_l40s_host_has_one_domain_per_gpu():
     assert "NIC0" not in topo.cpu_affinity
 
 
+def test_matrix_without_cpu_affinity_column_still_parses():
+    topo = parse_topo(capture("topo_l40s_no_affinity.txt"))
+
+    assert topo.gpus == ("GPU0", "GPU1", "GPU2", "GPU3")
+    assert topo.nvlink_domains() == [[0], [1], [2], [3]]
+    assert topo.links[("GPU3", "NIC1")] == "NODE"
+    assert topo.nic_names == {"NIC0": "mlx5_0", "NIC1": "mlx5_1"}
+    assert topo.cpu_affinity == {} and topo.numa_affinity == {}
+
+
+def test_each_nic_knows_its_closest_gpus():
+    topo = parse_topo(capture("topo_l40s_pcie.txt"))
+
+    assert topo.closest_gpus("NIC0") == ("PXB", (0,))
+    assert topo.closest_gpus("NIC1") == ("PXB", (2,))
+    h100 = parse_topo(capture("topo_dgx_h100.txt"))
+    assert h100.closest_gpus("NIC5") == ("PIX", (5,))
+
+
 def test_two_consumer_gpus_are_two_domains():
     topo = parse_topo(capture("topo_rtx4090_x2.txt"))
 
