@@ -70,6 +70,7 @@ class OnboardingError(models.TextChoices):
     HOST_KEY_MISMATCH = "host_key_mismatch", "Host key mismatch"
     TIMEOUT = "timeout", "Command timed out"
     NVIDIA_SMI_MISSING = "nvidia_smi_missing", "nvidia-smi missing"
+    DRIVER_NOT_LOADED = "driver_not_loaded", "NVIDIA driver not loaded"
     NO_GPUS = "no_gpus", "No GPUs found"
     PARSE_FAILED = "parse_failed", "Unreadable hardware report"
     GPU_UNHEALTHY = "gpu_unhealthy", "GPU unhealthy"

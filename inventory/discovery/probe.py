@@ -17,6 +17,8 @@ from inventory.drivers.base import DriverError, HostDriver
 QUERY_COMMAND = f"nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv"
 _MISSING = 127  # shell status for "command not found"
 _NO_DEVICES = 6  # nvidia-smi: "No devices were found"
+_DRIVER_NOT_LOADED = 9  # nvidia-smi: "couldn't communicate with the NVIDIA driver"
+_DRIVER_MESSAGE = "couldn't communicate with the NVIDIA driver"
 
 
 class DiscoveryFailed(Exception):
@@ -93,6 +95,14 @@ def _query_gpus(driver: HostDriver, timeout: float):
         raise DiscoveryFailed(
             "nvidia_smi_missing",
             "nvidia-smi is not installed or not on PATH; install the NVIDIA driver (it ships nvidia-smi) and retry.",
+        )
+    if result.exit_status == _DRIVER_NOT_LOADED or _DRIVER_MESSAGE in result.stdout + result.stderr:
+        raise DiscoveryFailed(
+            "driver_not_loaded",
+            "nvidia-smi is installed but cannot talk to the NVIDIA driver (it printed: "
+            f"{(result.stdout or result.stderr).strip()[:200]!r}): the kernel module is not loaded. "
+            "Load it with `sudo modprobe nvidia` (after a kernel upgrade, reinstall the driver for the running "
+            "kernel; `dmesg | grep -i nvidia` says why it failed), check `nvidia-smi` works, then retry.",
         )
     try:
         query = parse_query_gpu(result.stdout)

@@ -6,6 +6,8 @@ directory, and `faults/` holds files that inject failures:
 
     faults/unreachable          every driver call fails as if the host were down
     faults/nvidia_smi_garbage   nvidia-smi prints something that is not its real output
+    faults/driver_not_loaded    nvidia-smi prints NVIDIA's "couldn't communicate with the NVIDIA driver"
+                                and exits 9, as on a host whose kernel module is not loaded
     faults/gpu_lost             "3" or "1,5": those GPUs fell off the bus
     faults/ecc_uncorrectable    "0": those GPUs report uncorrectable ECC errors
     faults/hot                  "2": those GPUs run at 96 C
@@ -41,6 +43,7 @@ FAULTS = (
     "unreachable",
     "nvidia_smi_garbage",
     "nvidia_smi_missing",
+    "driver_not_loaded",
     "gpu_lost",
     "ecc_uncorrectable",
     "hot",

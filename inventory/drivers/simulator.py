@@ -15,6 +15,8 @@ sandbox path. Faults are files in ``$VOLT_HOST_ROOT/faults/``, read at every cal
 hold comma-separated GPU indices, and an empty file means every GPU:
 
     nvidia_smi_garbage  every nvidia-smi call prints garbage (the file's text if any), exit 0
+    driver_not_loaded   every nvidia-smi call prints NVIDIA's "couldn't communicate with the NVIDIA
+                        driver" message and exits 9 (the kernel module is not loaded)
     gpu_lost            those GPUs fell off the bus: "Unable to determine the device handle ..."
                         instead of their rows, exit 15; `topo -m` lists only the others
     ecc_uncorrectable   those GPUs report uncorrectable volatile ECC errors (ECC models only)
@@ -38,7 +40,12 @@ from inventory.gpu_catalog import BY_MODEL, GpuModel
 # Exit statuses of the real nvidia-smi.
 EXIT_INVALID_ARGUMENT = 2
 EXIT_NO_DEVICES = 6
+EXIT_DRIVER_NOT_LOADED = 9
 EXIT_GPU_LOST = 15
+DRIVER_NOT_LOADED_MESSAGE = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n\n"
+)
 
 HOT_TEMPERATURE_C = 96
 ECC_ERRORS_WHEN_FAULTY = 2
@@ -66,6 +73,7 @@ class SimulatorError(Exception):
 @dataclass(frozen=True)
 class Faults:
     garbage: str | None = None  # None: no fault; "": built-in garbage
+    driver_not_loaded: bool = False
     lost: frozenset[int] = frozenset()
     ecc: frozenset[int] = frozenset()
     hot: frozenset[int] = frozenset()
@@ -137,6 +145,7 @@ def _load_faults(folder: Path, gpu_count: int) -> Faults:
     garbage = folder / "nvidia_smi_garbage"
     return Faults(
         garbage=garbage.read_text() if garbage.exists() else None,
+        driver_not_loaded=(folder / "driver_not_loaded").exists(),
         lost=_indices(folder / "gpu_lost", gpu_count),
         ecc=_indices(folder / "ecc_uncorrectable", gpu_count),
         hot=_indices(folder / "hot", gpu_count),
@@ -376,6 +385,8 @@ def _summary(host: Host) -> tuple[str, int]:
 
 def nvidia_smi(host: Host, args: list[str]) -> tuple[str, int]:
     """(stdout, exit status) of `nvidia-smi ARGS` on the simulated host."""
+    if host.faults.driver_not_loaded:
+        return DRIVER_NOT_LOADED_MESSAGE, EXIT_DRIVER_NOT_LOADED
     if host.faults.garbage is not None:
         return _garbage(host), 0
     if not args:

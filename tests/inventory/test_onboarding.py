@@ -45,6 +45,7 @@ def test_each_local_host_gets_its_own_loopback_address(northwind, northwind_ib, 
     [
         ({"nvidia_smi_missing": ""}, "nvidia_smi_missing", "nvidia-smi is not installed"),
         ({"nvidia_smi_garbage": ""}, "parse_failed", "cannot read"),
+        ({"driver_not_loaded": ""}, "driver_not_loaded", "sudo modprobe nvidia"),
         ({"unreachable": ""}, "unreachable", "not answering"),
         ({"gpu_lost": "3"}, "gpu_unhealthy", "Unable to determine the device handle"),
         ({"ecc_uncorrectable": "1"}, "gpu_unhealthy", "uncorrectable ECC"),

@@ -258,6 +258,19 @@ def test_garbage_fault_exits_zero_but_does_not_parse(tmp_path, args):
         parse(result.stdout)
 
 
+@pytest.mark.parametrize("args", [QUERY, ["topo", "-m"], ["-L"], []], ids=["query", "topo", "list", "summary"])
+def test_driver_not_loaded_prints_nvidias_message_and_exits_9(tmp_path, args):
+    host = make_host(tmp_path, H100_HOST, driver_not_loaded="")
+
+    result = run(host, "nvidia-smi", *args)
+
+    assert result.returncode == 9
+    assert result.stdout.startswith(
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running."
+    )
+
+
 def test_faults_are_read_at_every_call(tmp_path):
     host = make_host(tmp_path, H100_HOST)
     assert len(query(host).gpus) == 8
