@@ -73,8 +73,18 @@ class OnboardingError(models.TextChoices):
     DRIVER_NOT_LOADED = "driver_not_loaded", "NVIDIA driver not loaded"
     NO_GPUS = "no_gpus", "No GPUs found"
     PARSE_FAILED = "parse_failed", "Unreadable hardware report"
-    GPU_UNHEALTHY = "gpu_unhealthy", "GPU unhealthy"
+    GPU_UNHEALTHY = "gpu_unhealthy", "No healthy GPU"
+    GPU_OWNED_ELSEWHERE = "gpu_owned_elsewhere", "GPU belongs to another host"
+    INTERNAL = "internal_error", "Volt could not record the discovery"
     DRIVER_ERROR = "driver_error", "Driver error"
+
+
+class PortTransport(models.TextChoices):
+    """What a NIC port carries: counted apart, so a management Ethernet port is never InfiniBand."""
+
+    INFINIBAND = "infiniband", "InfiniBand"
+    ROCE = "roce", "RoCE"
+    ETHERNET = "ethernet", "Ethernet (no RDMA)"
 
 
 class HostEventKind(models.TextChoices):

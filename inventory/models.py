@@ -17,6 +17,7 @@ from inventory.choices import (
     HostEventKind,
     HostState,
     OnboardingError,
+    PortTransport,
     ProviderStatus,
 )
 
@@ -149,7 +150,10 @@ class Host(models.Model):
     free_gpu_map = models.JSONField(
         default=list, blank=True, help_text="Free GPU indices per NVLink domain, e.g. [[0, 1, 2, 3], [6]]."
     )
-    nvlink_domain_size = models.PositiveIntegerField(default=0, help_text="Largest NVLink domain (GPUs).")
+    nvlink_domain_size = models.PositiveIntegerField(
+        default=0, help_text="Largest NVLink domain of healthy GPUs (GPUs)."
+    )
+    gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory of one GPU (MiB).")
     error_code = models.CharField(max_length=30, choices=OnboardingError.choices, blank=True)
     error_message = models.TextField(blank=True)
     discovery = models.JSONField(default=dict, blank=True, help_text="Last discovery result.")
@@ -214,6 +218,9 @@ class GPU(models.Model):
     nvlink_domain = models.PositiveSmallIntegerField(default=0)
     pci_bus_id = models.CharField(max_length=32, blank=True)
     health = models.CharField(max_length=20, choices=GpuHealth.choices, default=GpuHealth.HEALTHY)
+    health_reason = models.CharField(
+        max_length=300, blank=True, help_text="Why the GPU is not healthy (ECC errors, heat, lost)."
+    )
     temperature_c = models.IntegerField(null=True, blank=True)
     utilization_pct = models.IntegerField(null=True, blank=True)
     ecc_uncorrectable = models.IntegerField(null=True, blank=True)
@@ -236,6 +243,35 @@ class GPU(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host.name}/gpu{self.index} ({self.model})"
+
+
+class NetworkPort(models.Model):
+    """One port of a host's RDMA-capable NIC as discovered (ibstat, or /sys/class/infiniband)."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="ports")
+    ca = models.CharField(max_length=64, help_text="Channel adapter, e.g. mlx5_0.")
+    port = models.PositiveSmallIntegerField()
+    link_layer = models.CharField(max_length=20, help_text="InfiniBand or Ethernet, as the NIC reports it.")
+    transport = models.CharField(max_length=20, choices=PortTransport.choices)
+    rate_gbps = models.PositiveIntegerField(help_text="Signalling rate (Gb/s).")
+    state = models.CharField(max_length=20, help_text="Active, Down, Init, ...")
+    physical_state = models.CharField(max_length=20, blank=True, help_text="LinkUp, Disabled, Polling, ...")
+    closest_gpus = models.JSONField(
+        default=list, blank=True, help_text="GPU indices nearest the NIC (topo -m)."
+    )
+    gpu_link = models.CharField(max_length=8, blank=True, help_text="PCIe link to those GPUs: PIX, PXB, ...")
+    source = models.CharField(max_length=10, help_text="ibstat or sysfs.")
+
+    class Meta:
+        ordering = ["host_id", "ca", "port"]
+        constraints = [models.UniqueConstraint(fields=["host", "ca", "port"], name="port_unique_per_host")]
+
+    def __str__(self) -> str:
+        return f"{self.host_id}/{self.ca}:{self.port}"
+
+    @property
+    def is_up(self) -> bool:
+        return self.state == "Active"
 
 
 class HostEvent(models.Model):

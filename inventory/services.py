@@ -23,7 +23,7 @@ from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.text import slugify
 
-from inventory import transitions
+from inventory import onboarding, transitions
 from inventory.choices import (
     INTERCONNECT_FAMILIES,
     DriverKind,
@@ -33,6 +33,7 @@ from inventory.choices import (
     OnboardingError,
     ProviderStatus,
 )
+from inventory.discovery.network import port_counts
 from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
 from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, create_sandbox
@@ -326,7 +327,18 @@ def onboard_host(host_id: int) -> Host:
         return _fail_onboarding(host, failure.code, failure.message)
     except ValueError as exc:
         return _fail_onboarding(host, "driver_error", str(exc))
-    return _complete_onboarding(host, discovery, seen_key)
+    try:
+        return _complete_onboarding(host, discovery, seen_key)
+    except onboarding.GpuOwnedElsewhere as exc:
+        return _fail_onboarding(host, OnboardingError.GPU_OWNED_ELSEWHERE, str(exc))
+    except Exception as exc:  # noqa: BLE001 - a host must never sit in ONBOARDING with no error
+        logger.exception("recording the discovery of host %s failed", host.pk)
+        return _fail_onboarding(
+            host,
+            OnboardingError.INTERNAL,
+            f"Discovery succeeded but Volt could not record it ({exc.__class__.__name__}: {exc}); "
+            "retry onboarding, and report it to the platform admins if it fails again.",
+        )
 
 
 def _fail_onboarding(host: Host, code: str, message: str) -> Host:
@@ -342,37 +354,21 @@ def _fail_onboarding(host: Host, code: str, message: str) -> Host:
 
 @transaction.atomic
 def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None) -> Host:
-    seen_indices = []
-    for gpu in discovery.gpus:
-        GPU.objects.update_or_create(
-            host=host,
-            index=gpu.index,
-            defaults={
-                "uuid": gpu.uuid,
-                "model": gpu.model,
-                "name": gpu.name,
-                "memory_mib": gpu.memory_total_mib,
-                "nvlink_domain": discovery.domain_of(gpu.index),
-                "pci_bus_id": gpu.pci_bus_id or "",
-                "health": GpuHealth.HEALTHY,
-                "temperature_c": gpu.temperature_c,
-                "utilization_pct": gpu.utilization_pct,
-                "ecc_uncorrectable": gpu.ecc_uncorrectable,
-            },
-        )
-        seen_indices.append(gpu.index)
-    GPU.objects.filter(host=host).exclude(index__in=seen_indices).delete()
-    count = len(discovery.gpus)
-    summary = (
-        f"found {count} x {discovery.gpu_model}, NVLink domains {[list(d) for d in discovery.nvlink_domains]}, "
-        f"{len([p for p in discovery.ib_ports if p.is_up])} InfiniBand/RoCE ports up"
-    )
+    moved_from = onboarding.store_gpus(host, discovery)
+    onboarding.store_ports(host, discovery)
+    warnings = onboarding.network_warnings(host, discovery)
+    summary = _discovery_summary(discovery)
     _event(host, HostEventKind.DISCOVERY, summary)
+    for problem in _gpu_problem_lines(discovery):
+        _event(host, HostEventKind.HEALTH, problem)
+    for warning in warnings:
+        _event(host, HostEventKind.ERROR, f"network: {warning}")
     extra = {
         "gpu_model": discovery.gpu_model,
-        "gpu_count": count,
-        "nvlink_domain_size": max(len(d) for d in discovery.nvlink_domains),
-        "discovery": discovery.as_json(),
+        "gpu_count": len(discovery.gpus),
+        "gpu_memory_mib": max((g.memory_total_mib or 0 for g in discovery.gpus), default=0) or None,
+        "nvlink_domain_size": onboarding.healthy_domain_size(host),
+        "discovery": discovery.as_json() | {"network_warnings": warnings},
         "error_code": "",
         "error_message": "",
         "last_heartbeat_at": timezone.now(),
@@ -380,10 +376,25 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     if seen_key and not host.ssh_host_key:
         extra["ssh_host_key"] = seen_key  # trust on first use, pinned from now on
     transitions.transition_host(host, HostState.AVAILABLE, reason=summary, extra=extra)
-    refresh_free_capacity([host.pk])
+    refresh_free_capacity([host.pk, *moved_from])
     capacity_changed()
     host.refresh_from_db()
     return host
+
+
+def _discovery_summary(discovery: Discovery) -> str:
+    counts = port_counts(discovery.ib_ports)
+    healthy = len(discovery.healthy_indices)
+    return (
+        f"found {len(discovery.gpus)} x {discovery.gpu_model} ({healthy} healthy), NVLink domains "
+        f"{[list(d) for d in discovery.nvlink_domains]}, ports up: {counts['infiniband']} InfiniBand, "
+        f"{counts['roce']} RoCE, {counts['ethernet']} Ethernet"
+    )
+
+
+def _gpu_problem_lines(discovery: Discovery) -> list[str]:
+    lines = [f"GPU {index} unhealthy: {reason}" for index, reason in sorted(discovery.gpu_problems.items())]
+    return lines + [f"GPU lost: {lost.message}" for lost in discovery.lost]
 
 
 def capacity_changed() -> None:
@@ -522,13 +533,13 @@ def record_health(host: Host, result: Discovery | DiscoveryFailed) -> str:
     if isinstance(result, DiscoveryFailed):
         return _record_unhealthy(host, result)
     with transaction.atomic():
-        for gpu in result.gpus:
-            GPU.objects.filter(host=host, index=gpu.index).update(
-                temperature_c=gpu.temperature_c,
-                utilization_pct=gpu.utilization_pct,
-                ecc_uncorrectable=gpu.ecc_uncorrectable,
-                health=GpuHealth.HEALTHY,
-            )
+        changes = onboarding.apply_health(host, result)
+        for change in changes:
+            HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=change)
+        if changes:  # a GPU left or rejoined free capacity; the host stays in service while one is healthy
+            Host.objects.filter(pk=host.pk).update(nvlink_domain_size=onboarding.healthy_domain_size(host))
+            refresh_free_capacity([host.pk])
+            capacity_changed()
         reliability = min(1.0, host.reliability * (1 - _RELIABILITY_WEIGHT) + _RELIABILITY_WEIGHT)
         Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now(), reliability=reliability)
         if host.state == HostState.OFFLINE:

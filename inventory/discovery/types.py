@@ -114,8 +114,17 @@ class IbPort:
     state: str  # "Active", "Down", ...
     physical_state: str  # "LinkUp", "Disabled", ...
     rate_gbps: int  # signalling rate as printed by ibstat ("Rate: 400") in Gb/s
-    link_layer: str  # "InfiniBand" or "Ethernet" (RoCE)
+    link_layer: str  # "InfiniBand" or "Ethernet"
+    roce: bool | None = None  # Ethernet ports: RoCE GIDs present (sysfs); None where not known
+    source: str = "ibstat"  # or "sysfs"
 
     @property
     def is_up(self) -> bool:
         return self.state == "Active" and self.physical_state == "LinkUp"
+
+    @property
+    def transport(self) -> str:
+        """ "infiniband", "roce" or "ethernet" (an Ethernet port whose RDMA is not confirmed)."""
+        if self.link_layer.lower() == "infiniband":
+            return "infiniband"
+        return "roce" if self.roce else "ethernet"

@@ -19,7 +19,9 @@ directory, and `faults/` holds files that inject failures:
                                 (Ray nodes and their workers too), runs in a CPU cgroup with that
                                 quota. Needs a writable cgroup (root); clear_fault removes the cgroup
                                 once nothing runs in it.
-A host without nvidia-smi is a sandbox whose bin/ lacks it (fault `nvidia_smi_missing` at creation).
+A host without nvidia-smi is a sandbox whose bin/ lacks it (fault `nvidia_smi_missing` at creation);
+the same for ibstat (`ibstat_missing`). `sys/class/infiniband/` holds the NICs' sysfs files (what
+discovery reads where ibstat is absent), laid out from the spec.
 """
 
 from __future__ import annotations
@@ -37,12 +39,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from inventory.drivers.base import CommandResult, CommandTimeout, DriverError, HostDriver, HostUnreachable
+from inventory.drivers.simulator import sysfs_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAULTS = (
     "unreachable",
     "nvidia_smi_garbage",
     "nvidia_smi_missing",
+    "ibstat_missing",
     "driver_not_loaded",
     "gpu_lost",
     "ecc_uncorrectable",
@@ -52,6 +56,7 @@ FAULTS = (
 )
 _HEAD_ADDRESS = re.compile(r"--address=([0-9.]+):\d+")
 _TOOLS = ("nvidia-smi", "ibstat")
+_CREATION_FAULTS = {"nvidia_smi_missing", "ibstat_missing"}  # a tool left out of bin/, not a fault file
 
 
 class LocalDriver(HostDriver):
@@ -153,12 +158,16 @@ def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | Non
     for existing in (sandbox / "faults").iterdir():
         existing.unlink()
     for name, content in faults.items():
-        if name != "nvidia_smi_missing":
+        if name not in _CREATION_FAULTS:
             (sandbox / "faults" / name).write_text(content)
+    shutil.rmtree(sandbox / "sys", ignore_errors=True)
+    for relative, content in sysfs_tree(dict(spec)).items():
+        (sandbox / relative).parent.mkdir(parents=True, exist_ok=True)
+        (sandbox / relative).write_text(content)
     for tool in _TOOLS:
         path = sandbox / "bin" / tool
         path.unlink(missing_ok=True)
-        if tool == "nvidia-smi" and "nvidia_smi_missing" in faults:
+        if f"{tool.replace('-', '_')}_missing" in faults:
             continue
         path.write_text(_tool_script(tool))
         path.chmod(0o755)
@@ -166,7 +175,7 @@ def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | Non
 
 def set_fault(sandbox: Path, name: str, content: str = "") -> None:
     """Inject a fault into a running sandbox (tests, demos)."""
-    if name not in FAULTS or name == "nvidia_smi_missing":
+    if name not in FAULTS or name in _CREATION_FAULTS:
         raise ValueError(f"cannot inject {name!r} at run time")
     (sandbox / "faults" / name).write_text(content)
 

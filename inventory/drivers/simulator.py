@@ -10,7 +10,8 @@ Run as ``python -m inventory.drivers.simulator nvidia-smi ARGS...`` (or ``ibstat
      "driver_version": "550.54.15", "cuda_version": "12.4", "seed": "iad1-h100-01"}
 
 `nvlink` defaults to the model's, `nics` to none (a NIC's `link_layer` to InfiniBand, `rate_gbps` to
-400, `state` to Active; "Down" prints a disabled port), `seed` (stable, unique GPU UUIDs) to the
+400, `state` to Active; "Down" prints a disabled port; an Ethernet NIC is RoCE unless `"roce": false`,
+a plain Ethernet port whose sysfs GID table has no RoCE entries), `seed` (stable, unique GPU UUIDs) to the
 sandbox path. Faults are files in ``$VOLT_HOST_ROOT/faults/``, read at every call; the index lists
 hold comma-separated GPU indices, and an empty file means every GPU:
 
@@ -428,6 +429,31 @@ def _ca_block(host: Host, number: int, nic: dict) -> str:
         f"\t\tCapability mask: {'0x00010000' if ethernet else '0xa651e848'}\n"
         f"\t\tPort GUID: {guid}\n\t\tLink layer: {'Ethernet' if ethernet else 'InfiniBand'}\n"
     )
+
+
+def sysfs_tree(spec: dict) -> dict[str, str]:
+    """Files of `/sys/class/infiniband` for the NICs of `spec` (path below the host root -> content).
+
+    The same facts ibstat prints, in the kernel's formats ("4: ACTIVE", "400 Gb/sec (4X NDR)"); RoCE
+    ports have RoCE GID types, plain Ethernet ports (`"roce": false`) none.
+    """
+    speeds = {400: "4X NDR", 200: "4X HDR", 100: "4X EDR", 50: "2X HDR", 25: "1X EDR", 10: "4X SDR"}
+    files: dict[str, str] = {}
+    for nic in spec.get("nics", ()):
+        port = f"sys/class/infiniband/{nic['name']}/ports/1"
+        up = nic.get("state", "Active") == "Active"
+        ethernet = nic.get("link_layer", "InfiniBand") == "Ethernet"
+        rate = int(nic.get("rate_gbps", 400)) if up else 10
+        files[f"{port}/state"] = "4: ACTIVE\n" if up else "1: DOWN\n"
+        files[f"{port}/phys_state"] = "5: LinkUp\n" if up else "3: Disabled\n"
+        files[f"{port}/rate"] = f"{rate} Gb/sec ({speeds.get(rate, '4X')})\n"
+        files[f"{port}/link_layer"] = "Ethernet\n" if ethernet else "InfiniBand\n"
+        if not ethernet:
+            files[f"{port}/gid_attrs/types/0"] = "IB/RoCE v1\n"
+        elif nic.get("roce", True):
+            files[f"{port}/gid_attrs/types/0"] = "IB/RoCE v1\n"
+            files[f"{port}/gid_attrs/types/1"] = "RoCE v2\n"
+    return files
 
 
 def ibstat(host: Host, args: list[str]) -> tuple[str, int]:
