@@ -96,6 +96,7 @@ def _host_context(request, pk):
         "manages": manages,
         "actions": actions,
         "gpus": host.gpus.all(),
+        "ports": host.ports.all() if manages else [],
         "events": services.host_history(host)[:50] if manages else [],
         "in_progress": host.state == HostState.ONBOARDING,
     }

@@ -2,9 +2,9 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
-from inventory.choices import DriverKind, FabricKind
+from inventory.choices import DriverKind, FabricKind, GpuHealth
 from inventory.gpu_catalog import BY_MODEL
-from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, Site
+from inventory.models import GPU, Block, Fabric, Host, HostEvent, NetworkPort, Provider, Site
 from inventory.services import HostRequest
 
 
@@ -86,9 +86,69 @@ class HostSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class NetworkPortSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = NetworkPort
+        fields = [
+            "ca",
+            "port",
+            "link_layer",
+            "transport",
+            "rate_gbps",
+            "state",
+            "physical_state",
+            "closest_gpus",
+            "gpu_link",
+            "source",
+        ]
+        read_only_fields = fields
+
+
 class HostDetailSerializer(HostSerializer):
+    """A provider admin's view of one host: access details, errors, discovery, unhealthy GPUs, ports."""
+
+    ports = NetworkPortSerializer(many=True, read_only=True)
+    network_warnings = serializers.SerializerMethodField(
+        help_text="Where discovered ports contradict the declared fabric."
+    )
+    gpu_problems = serializers.SerializerMethodField(
+        help_text="GPUs set aside (unhealthy or lost) and why; they are never offered."
+    )
+
+    def get_network_warnings(self, host: Host) -> list[str]:
+        return list((host.discovery or {}).get("network_warnings", []))
+
+    def get_gpu_problems(self, host: Host) -> list[dict]:
+        rows = [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "pci_bus_id": g.pci_bus_id,
+                "health": g.health,
+                "reason": g.health_reason,
+            }
+            for g in host.gpus.exclude(health=GpuHealth.HEALTHY)
+        ]
+        known = {g["pci_bus_id"] for g in rows}
+        lost = [
+            {
+                "index": None,
+                "uuid": "",
+                "pci_bus_id": item["pci_bus_id"],
+                "health": GpuHealth.LOST,
+                "reason": item["message"],
+            }
+            for item in (host.discovery or {}).get("lost_gpus", [])
+            if not any(bus.lower().endswith(item["pci_bus_id"]) for bus in known if bus)
+        ]
+        return rows + lost
+
     class Meta(HostSerializer.Meta):
         fields = HostSerializer.Meta.fields + [
+            "gpu_memory_mib",
+            "gpu_problems",
+            "ports",
+            "network_warnings",
             "driver",
             "address",
             "ssh_port",
@@ -169,6 +229,7 @@ class GpuSerializer(serializers.ModelSerializer):
             "nvlink_domain",
             "pci_bus_id",
             "health",
+            "health_reason",
             "temperature_c",
             "utilization_pct",
             "ecc_uncorrectable",

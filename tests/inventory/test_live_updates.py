@@ -18,13 +18,19 @@ def communicator(user, host_id):
     return comm
 
 
-async def test_provider_admin_gets_snapshot_then_state_changes(priya, northwind, northwind_ib, add_local_host):
+async def test_provider_admin_gets_snapshot_then_state_changes(
+    priya, northwind, northwind_ib, add_local_host
+):
     host = await sync_to_async(add_local_host)(northwind, northwind_ib, "live")
     comm = communicator(priya, host.pk)
     connected, _ = await comm.connect()
     assert connected
-    assert await comm.receive_json_from(timeout=5) == {"kind": "snapshot", "state": "available", "free_gpus": 8,
-                                                      "gpu_count": 8}
+    assert await comm.receive_json_from(timeout=5) == {
+        "kind": "snapshot",
+        "state": "available",
+        "free_gpus": 8,
+        "gpu_count": 8,
+    }
 
     await sync_to_async(services.act_on_host)(host, "cordon", priya, "fan failure")
 

@@ -50,7 +50,11 @@ def test_each_local_host_gets_its_own_loopback_address(northwind, northwind_ib, 
         ({"gpu_lost": ""}, "gpu_unhealthy", "Unable to determine the device handle"),
         ({"ecc_uncorrectable": ""}, "gpu_unhealthy", "uncorrectable ECC"),
         ({"hot": ""}, "gpu_unhealthy", "96 C"),
-        ({"ecc_uncorrectable": "0,1,2,3", "hot": "4,5,6", "gpu_lost": "7"}, "gpu_unhealthy", "No healthy GPU"),
+        (
+            {"ecc_uncorrectable": "0,1,2,3", "hot": "4,5,6", "gpu_lost": "7"},
+            "gpu_unhealthy",
+            "No healthy GPU",
+        ),
     ],
 )
 def test_broken_host_fails_with_specific_error_and_no_gpus(

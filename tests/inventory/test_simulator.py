@@ -258,7 +258,9 @@ def test_garbage_fault_exits_zero_but_does_not_parse(tmp_path, args):
         parse(result.stdout)
 
 
-@pytest.mark.parametrize("args", [QUERY, ["topo", "-m"], ["-L"], []], ids=["query", "topo", "list", "summary"])
+@pytest.mark.parametrize(
+    "args", [QUERY, ["topo", "-m"], ["-L"], []], ids=["query", "topo", "list", "summary"]
+)
 def test_driver_not_loaded_prints_nvidias_message_and_exits_9(tmp_path, args):
     host = make_host(tmp_path, H100_HOST, driver_not_loaded="")
 
