@@ -59,7 +59,8 @@ def visible_clusters(user: AbstractBaseUser) -> QuerySet[Cluster]:
 def to_request(spec: dict) -> placement.PlacementRequest:
     """The engine's request for a validated spec (see api/serializers.ClusterSpecSerializer)."""
     fields = {f: spec[f] for f in ("nodes", "gpus_per_node") if f in spec}
-    fields["models"] = tuple(spec.get("gpu_models") or ())
+    # "A100" asks for every A100 variant the inventory has (A100-40GB, A100-80GB): inventory's matching rule.
+    fields["models"] = inventory.offered_models_matching(spec.get("gpu_models") or ())
     for key in (
         "model_policy",
         "interconnect_mode",

@@ -4,6 +4,7 @@ import django_filters
 from django.db.models import Q
 
 from inventory.choices import INTERCONNECT_FAMILIES, FabricKind, GpuHealth, HostState
+from inventory.gpu_catalog import catalog_matches
 from inventory.models import GPU, Host
 
 _FAMILY_LABELS = {"infiniband": "InfiniBand (any)", "roce": "RoCE", "ethernet": "Ethernet (any)"}
@@ -16,8 +17,26 @@ def _filter_interconnect(queryset, field_prefix, value):
     return queryset.filter(**{f"{field_prefix}fabric__kind__in": kinds})
 
 
+def filter_model(queryset, name, value):
+    """A family ("A100") or a precise model ("A100-80GB"), as gpu_catalog.model_matches reads it.
+
+    Case-insensitive equality per candidate name, so the UPPER(gpu_model) indexes serve it.
+    """
+    if not value:
+        return queryset
+    query = Q()
+    for model in catalog_matches(value):
+        query |= Q(**{f"{name}__iexact": model})
+    return queryset.filter(query)
+
+
+_MODEL_HELP = 'A family ("A100": every memory size) or a precise model ("A100-80GB", "H100-SXM").'
+
+
 class HostFilter(django_filters.FilterSet):
-    model = django_filters.CharFilter(field_name="gpu_model", lookup_expr="iexact", label="GPU model")
+    model = django_filters.CharFilter(
+        field_name="gpu_model", method=filter_model, label="GPU model", help_text=_MODEL_HELP
+    )
     region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact", label="Region")
     site = django_filters.CharFilter(field_name="site__name", lookup_expr="iexact", label="Site")
     interconnect = django_filters.ChoiceFilter(
@@ -62,7 +81,9 @@ class HostFilter(django_filters.FilterSet):
 class OfferFilter(django_filters.FilterSet):
     """Narrows the hosts before aggregation into offers."""
 
-    model = django_filters.CharFilter(field_name="gpu_model", lookup_expr="iexact", label="GPU model")
+    model = django_filters.CharFilter(
+        field_name="gpu_model", method=filter_model, label="GPU model", help_text=_MODEL_HELP
+    )
     region = django_filters.CharFilter(field_name="site__region", lookup_expr="iexact", label="Region")
     interconnect = django_filters.ChoiceFilter(
         choices=INTERCONNECT_CHOICES, method="filter_interconnect", label="Interconnect", empty_label="Any"
@@ -84,7 +105,7 @@ class OfferFilter(django_filters.FilterSet):
 
 class GpuFilter(django_filters.FilterSet):
     host = django_filters.NumberFilter(field_name="host_id")
-    model = django_filters.CharFilter(field_name="model", lookup_expr="iexact")
+    model = django_filters.CharFilter(field_name="model", method=filter_model, help_text=_MODEL_HELP)
     region = django_filters.CharFilter(field_name="host__site__region", lookup_expr="iexact")
     interconnect = django_filters.ChoiceFilter(choices=INTERCONNECT_CHOICES, method="filter_interconnect")
     health = django_filters.ChoiceFilter(choices=GpuHealth.choices)

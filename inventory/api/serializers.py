@@ -238,7 +238,8 @@ class GpuSerializer(serializers.ModelSerializer):
 
 
 class OfferSerializer(serializers.Serializer):
-    gpu_model = serializers.CharField()
+    gpu_model = serializers.CharField(help_text='Precise model: "A100-80GB", "H100-SXM", "L40S".')
+    memory_gib = serializers.IntegerField(allow_null=True, help_text="Memory of one GPU (GiB).")
     region = serializers.CharField()
     fabric_kind = serializers.ChoiceField(choices=FabricKind.choices)
     free_gpus = serializers.IntegerField()

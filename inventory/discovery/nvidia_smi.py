@@ -114,7 +114,10 @@ def _gpu(fields: list[str], number: int, line: str) -> GpuInfo:
             raise ParseError(
                 f"nvidia-smi --query-gpu: expected a value for {field} in {_line_ref(number, line)}"
             )
-    return GpuInfo(model=canonical_model(str(values["name"])), **values)
+    memory = values.get("memory_total_mib")
+    return GpuInfo(
+        model=canonical_model(str(values["name"]), memory if isinstance(memory, int) else None), **values
+    )
 
 
 def parse_query_gpu(text: str) -> GpuQuery:

@@ -33,7 +33,7 @@ class GpuInfo:
     index: int
     uuid: str
     name: str  # as printed, e.g. "NVIDIA H100 80GB HBM3"
-    model: str  # canonical short model: "H100", "A100", "L40S", "RTX 4090" (or `name` if unknown)
+    model: str  # Volt's precise model: "H100-SXM", "A100-40GB", "L40S" (or the normalised name if unknown)
     memory_total_mib: int | None = None
     pci_bus_id: str | None = None
     temperature_c: int | None = None

@@ -320,6 +320,8 @@ def _topo_cell(a: tuple[str, tuple[int, int]], b: tuple[str, tuple[int, int]], h
     if a[0] == b[0]:
         return " X "
     if host.nvlink and a[0].startswith("GPU") and b[0].startswith("GPU"):
+        if host.model.nvlink_pairs and int(a[0][3:]) // 2 != int(b[0][3:]) // 2:
+            return _pcie_link(a[1], b[1], host)  # NVLink bridges join GPUs two by two only
         return f"NV{host.model.nvlink_links}"
     return _pcie_link(a[1], b[1], host)
 

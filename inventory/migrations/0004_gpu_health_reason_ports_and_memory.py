@@ -3,53 +3,133 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
+from inventory.gpu_catalog import BY_MODEL, canonical_model
+
+
+def precise_models(apps, schema_editor):
+    """Name existing GPUs and hosts by the variant ("A100" -> "A100-80GB"), and note hosts' GPU memory."""
+    GPU = apps.get_model("inventory", "GPU")
+    Host = apps.get_model("inventory", "Host")
+    for name, memory, model in GPU.objects.values_list("name", "memory_mib", "model").distinct():
+        precise = canonical_model(name, memory)
+        if precise != model:
+            GPU.objects.filter(name=name, memory_mib=memory, model=model).update(model=precise)
+    for old, new in GPU.objects.values_list("host__gpu_model", "model").distinct():
+        if old and old != new and " + " not in old:
+            Host.objects.filter(gpu_model=old, gpus__model=new).update(gpu_model=new)
+    for model, spec in BY_MODEL.items():
+        Host.objects.filter(gpu_model=model, gpu_memory_mib__isnull=True).update(
+            gpu_memory_mib=spec.memory_mib
+        )
+
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0003_host_free_gpu_map'),
+        ("inventory", "0003_host_free_gpu_map"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='gpu',
-            name='health_reason',
-            field=models.CharField(blank=True, help_text='Why the GPU is not healthy (ECC errors, heat, lost).', max_length=300),
+            model_name="gpu",
+            name="health_reason",
+            field=models.CharField(
+                blank=True, help_text="Why the GPU is not healthy (ECC errors, heat, lost).", max_length=300
+            ),
         ),
         migrations.AddField(
-            model_name='host',
-            name='gpu_memory_mib',
-            field=models.PositiveIntegerField(blank=True, help_text='Memory of one GPU (MiB).', null=True),
+            model_name="host",
+            name="gpu_memory_mib",
+            field=models.PositiveIntegerField(blank=True, help_text="Memory of one GPU (MiB).", null=True),
         ),
         migrations.AlterField(
-            model_name='host',
-            name='error_code',
-            field=models.CharField(blank=True, choices=[('unreachable', 'Host unreachable'), ('auth_refused', 'Authentication refused'), ('host_key_mismatch', 'Host key mismatch'), ('timeout', 'Command timed out'), ('nvidia_smi_missing', 'nvidia-smi missing'), ('driver_not_loaded', 'NVIDIA driver not loaded'), ('no_gpus', 'No GPUs found'), ('parse_failed', 'Unreadable hardware report'), ('gpu_unhealthy', 'No healthy GPU'), ('gpu_owned_elsewhere', 'GPU belongs to another host'), ('internal_error', 'Volt could not record the discovery'), ('driver_error', 'Driver error')], max_length=30),
+            model_name="host",
+            name="error_code",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("unreachable", "Host unreachable"),
+                    ("auth_refused", "Authentication refused"),
+                    ("host_key_mismatch", "Host key mismatch"),
+                    ("timeout", "Command timed out"),
+                    ("nvidia_smi_missing", "nvidia-smi missing"),
+                    ("driver_not_loaded", "NVIDIA driver not loaded"),
+                    ("no_gpus", "No GPUs found"),
+                    ("parse_failed", "Unreadable hardware report"),
+                    ("gpu_unhealthy", "No healthy GPU"),
+                    ("gpu_owned_elsewhere", "GPU belongs to another host"),
+                    ("internal_error", "Volt could not record the discovery"),
+                    ("driver_error", "Driver error"),
+                ],
+                max_length=30,
+            ),
         ),
         migrations.AlterField(
-            model_name='host',
-            name='nvlink_domain_size',
-            field=models.PositiveIntegerField(default=0, help_text='Largest NVLink domain of healthy GPUs (GPUs).'),
+            model_name="host",
+            name="nvlink_domain_size",
+            field=models.PositiveIntegerField(
+                default=0, help_text="Largest NVLink domain of healthy GPUs (GPUs)."
+            ),
         ),
         migrations.CreateModel(
-            name='NetworkPort',
+            name="NetworkPort",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ca', models.CharField(help_text='Channel adapter, e.g. mlx5_0.', max_length=64)),
-                ('port', models.PositiveSmallIntegerField()),
-                ('link_layer', models.CharField(help_text='InfiniBand or Ethernet, as the NIC reports it.', max_length=20)),
-                ('transport', models.CharField(choices=[('infiniband', 'InfiniBand'), ('roce', 'RoCE'), ('ethernet', 'Ethernet (no RDMA)')], max_length=20)),
-                ('rate_gbps', models.PositiveIntegerField(help_text='Signalling rate (Gb/s).')),
-                ('state', models.CharField(help_text='Active, Down, Init, ...', max_length=20)),
-                ('physical_state', models.CharField(blank=True, help_text='LinkUp, Disabled, Polling, ...', max_length=20)),
-                ('closest_gpus', models.JSONField(blank=True, default=list, help_text='GPU indices nearest the NIC (topo -m).')),
-                ('gpu_link', models.CharField(blank=True, help_text='PCIe link to those GPUs: PIX, PXB, ...', max_length=8)),
-                ('source', models.CharField(help_text='ibstat or sysfs.', max_length=10)),
-                ('host', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='ports', to='inventory.host')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("ca", models.CharField(help_text="Channel adapter, e.g. mlx5_0.", max_length=64)),
+                ("port", models.PositiveSmallIntegerField()),
+                (
+                    "link_layer",
+                    models.CharField(
+                        help_text="InfiniBand or Ethernet, as the NIC reports it.", max_length=20
+                    ),
+                ),
+                (
+                    "transport",
+                    models.CharField(
+                        choices=[
+                            ("infiniband", "InfiniBand"),
+                            ("roce", "RoCE"),
+                            ("ethernet", "Ethernet (no RDMA)"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("rate_gbps", models.PositiveIntegerField(help_text="Signalling rate (Gb/s).")),
+                ("state", models.CharField(help_text="Active, Down, Init, ...", max_length=20)),
+                (
+                    "physical_state",
+                    models.CharField(blank=True, help_text="LinkUp, Disabled, Polling, ...", max_length=20),
+                ),
+                (
+                    "closest_gpus",
+                    models.JSONField(
+                        blank=True, default=list, help_text="GPU indices nearest the NIC (topo -m)."
+                    ),
+                ),
+                (
+                    "gpu_link",
+                    models.CharField(
+                        blank=True, help_text="PCIe link to those GPUs: PIX, PXB, ...", max_length=8
+                    ),
+                ),
+                ("source", models.CharField(help_text="ibstat or sysfs.", max_length=10)),
+                (
+                    "host",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="ports", to="inventory.host"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['host_id', 'ca', 'port'],
-                'constraints': [models.UniqueConstraint(fields=('host', 'ca', 'port'), name='port_unique_per_host')],
+                "ordering": ["host_id", "ca", "port"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("host", "ca", "port"), name="port_unique_per_host")
+                ],
             },
         ),
+        migrations.RunPython(precise_models, migrations.RunPython.noop),
     ]

@@ -98,7 +98,7 @@ def test_gpu_list_filters_and_pagination(alice, inventory, client_for):
     client = client_for(alice)
     page = client.get("/api/v1/gpus/?model=H100&page_size=5").json()
     assert page["count"] == 16 and len(page["results"]) == 5 and page["next"]
-    assert {g["model"] for g in page["results"]} == {"H100"}
+    assert {g["model"] for g in page["results"]} == {"H100-SXM"}  # the family matches its variants
     assert client.get("/api/v1/gpus/?region=eu-west").json()["count"] == 8
 
 
@@ -106,11 +106,11 @@ def test_offers_aggregate_free_capacity(alice, inventory, client_for, priya):
     client_for(priya).post(f"/api/v1/hosts/{inventory['h2'].pk}/cordon/")
     offers = client_for(alice).get("/api/v1/offers/").json()["results"]
     assert [(o["gpu_model"], o["region"], o["fabric_kind"], o["free_gpus"], o["hosts"]) for o in offers] == [
-        ("A100", "eu-west", "roce", 8, 1),
-        ("H100", "us-east", "ib_ndr", 8, 1),
+        ("A100-80GB", "eu-west", "roce", 8, 1),
+        ("H100-SXM", "us-east", "ib_ndr", 8, 1),
     ]
     filtered = client_for(alice).get("/api/v1/offers/?interconnect=infiniband").json()["results"]
-    assert [o["gpu_model"] for o in filtered] == ["H100"]
+    assert [o["gpu_model"] for o in filtered] == ["H100-SXM"]
     assert filtered[0]["min_price_per_gpu_hour"] == "2.49"
 
 

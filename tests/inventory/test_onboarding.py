@@ -15,10 +15,10 @@ def test_healthy_h100_host_becomes_available_with_its_gpus(northwind, northwind_
     host = add_local_host(northwind, northwind_ib, "iad1-h100-01")
 
     assert host.state == HostState.AVAILABLE
-    assert (host.gpu_model, host.gpu_count, host.free_gpus, host.nvlink_domain_size) == ("H100", 8, 8, 8)
+    assert (host.gpu_model, host.gpu_count, host.free_gpus, host.nvlink_domain_size) == ("H100-SXM", 8, 8, 8)
     gpus = list(host.gpus.all())
     assert [g.index for g in gpus] == list(range(8))
-    assert {g.model for g in gpus} == {"H100"} and {g.nvlink_domain for g in gpus} == {0}
+    assert {g.model for g in gpus} == {"H100-SXM"} and {g.nvlink_domain for g in gpus} == {0}
     assert all(g.memory_mib == 81559 for g in gpus)
     assert len({g.uuid for g in gpus}) == 8
     assert [p["rate_gbps"] for p in host.discovery["ib_ports"]] == [400] * 8
@@ -108,7 +108,7 @@ def test_failed_host_is_never_offered(alice, northwind, northwind_ib, add_local_
     add_local_host(northwind, northwind_ib, "good")
 
     offers = services.offers(services.visible_hosts(alice))
-    assert [(o["gpu_model"], o["free_gpus"], o["hosts"]) for o in offers] == [("H100", 8, 1)]
+    assert [(o["gpu_model"], o["free_gpus"], o["hosts"]) for o in offers] == [("H100-SXM", 8, 1)]
 
 
 def test_retry_after_fix_makes_host_available(northwind, northwind_ib, add_local_host, priya, committed):

@@ -25,7 +25,7 @@ def test_dgx_h100_query_with_units_reads_eight_h100s():
     query = parse_query_gpu(capture("query_dgx_h100_units.csv"))
 
     assert [g.index for g in query.gpus] == list(range(8))
-    assert {g.model for g in query.gpus} == {"H100"}
+    assert {g.model for g in query.gpus} == {"H100-SXM"}
     first = query.gpus[0]
     assert first.name == "NVIDIA H100 80GB HBM3"
     assert first.uuid == "GPU-6f3b1c2e-9a4d-8e1f-2b7c-5d0a9e3f4c21"
@@ -41,7 +41,7 @@ def test_a100_query_without_units_gives_same_numbers():
     query = parse_query_gpu(capture("query_dgx_a100_nounits.csv"))
 
     assert len(query.gpus) == 8
-    assert {g.model for g in query.gpus} == {"A100"}
+    assert {g.model for g in query.gpus} == {"A100-80GB"}
     assert query.gpus[3].name == "NVIDIA A100-SXM4-80GB"
     assert query.gpus[3].memory_total_mib == 81920
     assert query.gpus[3].memory_used_mib == 4
@@ -119,7 +119,7 @@ def test_single_gpu_host():
     query = parse_query_gpu(capture("query_single_gpu.csv"))
 
     assert len(query.gpus) == 1
-    assert query.gpus[0].model == "H100"
+    assert query.gpus[0].model == "H100-PCIe"
     assert query.gpus[0].name == "NVIDIA H100 PCIe"
 
 

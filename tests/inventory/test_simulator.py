@@ -64,7 +64,7 @@ def test_h100_host_reports_eight_h100s(tmp_path):
 
     assert result.returncode == 0
     assert [g.index for g in gpus] == list(range(8))
-    assert {g.model for g in gpus} == {"H100"}
+    assert {g.model for g in gpus} == {"H100-SXM"}
     assert {g.memory_total_mib for g in gpus} == {81559}
     assert len({g.uuid for g in gpus}) == 8
     assert all(g.ecc_uncorrectable == 0 and g.temperature_c < 50 for g in gpus)
@@ -121,7 +121,7 @@ def test_a100_host_reports_a100s_over_nv12(tmp_path):
     gpus = query(host).gpus
     topo = parse_topo(run(host, "nvidia-smi", "topo", "-m").stdout)
 
-    assert {g.model for g in gpus} == {"A100"} and len(gpus) == 8
+    assert {g.model for g in gpus} == {"A100-80GB"} and len(gpus) == 8
     assert topo.nvlink_domains() == [list(range(8))]
     assert topo.links[("GPU1", "GPU2")] == "NV12"
 
