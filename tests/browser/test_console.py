@@ -22,7 +22,7 @@ def offer_row(page: Page, model: str, region: str):
     return (
         page.locator("#offers-table tbody tr")
         .filter(has=page.locator("td:nth-child(1)", has_text=re.compile(rf"^{re.escape(model)}$")))
-        .filter(has=page.locator("td:nth-child(2)", has_text=region))
+        .filter(has=page.locator("td:nth-child(3)", has_text=region))
     )
 
 
@@ -79,18 +79,19 @@ def test_researcher_signs_in_and_sees_offers_with_chart(page, login, screenshot)
 
     expect(page).to_have_url(re.compile(r"/inventory/$"))
     expect(page.locator("h1")).to_have_text("GPU offers")
-    for model in ("H100", "A100", "RTX 4090", "L40S"):
+    for model in ("H100-SXM", "A100-80GB", "RTX 4090", "L40S"):
         expect(
             page.locator("#offers-table tbody td:first-child", has_text=re.compile(rf"^{model}$")).first
         ).to_be_visible()
     # Free GPUs / total, per model and region (seeded: 4 x 8 H100 in iad1, 2 x 4 RTX 4090, 1 x 4 L40S).
-    expect(offer_row(page, "H100", "us-east").locator("td:nth-child(4)")).to_have_text("32 / 32")
-    expect(offer_row(page, "H100", "eu-west").locator("td:nth-child(4)")).to_have_text("8 / 8")
-    expect(offer_row(page, "RTX 4090", "us-east").locator("td:nth-child(4)")).to_have_text("8 / 8")
-    expect(offer_row(page, "L40S", "eu-west").locator("td:nth-child(4)")).to_have_text("4 / 4")
-    expect(offer_row(page, "H100", "us-east").locator("td:nth-child(3)")).to_have_text("InfiniBand NDR")
-    expect(offer_row(page, "H100", "us-east").locator("td:nth-child(7)")).to_have_text("$2.39 – $2.59")
-    expect(offer_row(page, "L40S", "eu-west").locator("td:nth-child(7)")).to_have_text("$0.89")
+    expect(offer_row(page, "H100-SXM", "us-east").locator("td:nth-child(5)")).to_have_text("32 / 32")
+    expect(offer_row(page, "H100-SXM", "eu-west").locator("td:nth-child(5)")).to_have_text("8 / 8")
+    expect(offer_row(page, "RTX 4090", "us-east").locator("td:nth-child(5)")).to_have_text("8 / 8")
+    expect(offer_row(page, "L40S", "eu-west").locator("td:nth-child(5)")).to_have_text("4 / 4")
+    expect(offer_row(page, "H100-SXM", "us-east").locator("td:nth-child(2)")).to_have_text("80 GiB")
+    expect(offer_row(page, "H100-SXM", "us-east").locator("td:nth-child(4)")).to_have_text("InfiniBand NDR")
+    expect(offer_row(page, "H100-SXM", "us-east").locator("td:nth-child(8)")).to_have_text("$2.39 – $2.59")
+    expect(offer_row(page, "L40S", "eu-west").locator("td:nth-child(8)")).to_have_text("$0.89")
     # Plotly drew the chart (served from the app, no CDN).
     expect(page.locator("#offers-chart svg.main-svg").first).to_be_attached()
     expect(page.locator("#offers-chart .bars .point").first).to_be_attached()
