@@ -282,3 +282,35 @@ def test_faults_are_read_at_every_call(tmp_path):
 
     (host / "faults" / "gpu_lost").unlink()
     assert len(query(host).gpus) == 8
+
+
+def test_h100_nvl_host_pairs_its_gpus_over_nvlink_bridges(tmp_path):
+    host = make_host(tmp_path, {"gpu_model": "H100-NVL", "gpu_count": 4, "seed": "nvl"})
+
+    gpus = query(host).gpus
+    topo = parse_topo(run(host, "nvidia-smi", "topo", "-m").stdout)
+
+    assert {g.model for g in gpus} == {"H100-NVL"} and {g.memory_total_mib for g in gpus} == {95830}
+    assert topo.nvlink_domains() == [[0, 1], [2, 3]]
+
+
+def test_sysfs_tree_tells_roce_from_plain_ethernet(tmp_path):
+    from inventory.discovery.network import SYSFS_COMMAND, parse_sysfs_ports
+    from inventory.drivers.local import LocalDriver, create_sandbox
+
+    nics = [
+        {"name": "mlx5_0", "link_layer": "Ethernet", "rate_gbps": 200},
+        {"name": "mlx5_1", "link_layer": "Ethernet", "rate_gbps": 100, "roce": False},
+        {"name": "mlx5_2", "link_layer": "InfiniBand", "rate_gbps": 400, "state": "Down"},
+    ]
+    create_sandbox(tmp_path, {"gpu_model": "L40S", "gpu_count": 2, "nics": nics}, {"ibstat_missing": ""})
+    driver = LocalDriver(tmp_path, "127.0.9.9")
+
+    ports = parse_sysfs_ports(driver.run(SYSFS_COMMAND).stdout)
+
+    assert [(p.ca, p.transport, p.rate_gbps, p.state) for p in ports] == [
+        ("mlx5_0", "roce", 200, "Active"),
+        ("mlx5_1", "ethernet", 100, "Active"),
+        ("mlx5_2", "infiniband", 10, "Down"),
+    ]
+    assert not (tmp_path / "bin" / "ibstat").exists() and (tmp_path / "bin" / "nvidia-smi").exists()
