@@ -37,8 +37,9 @@ from inventory.discovery.network import port_counts
 from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
 from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, create_sandbox
-from inventory.gpu_catalog import BY_MODEL, matching_models, memory_gib
+from inventory.gpu_catalog import BY_MODEL, matching_models
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, ProviderMembership, Site
+from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
 from voltweb import crypto, realtime
 from voltweb.services import is_platform_admin
 
@@ -474,10 +475,6 @@ def interconnect_kinds(value: str) -> set[str]:
     return set(INTERCONNECT_FAMILIES.get(value, {value}))
 
 
-def _cents(value) -> Decimal | None:
-    return None if value is None else Decimal(value).quantize(Decimal("0.01"))
-
-
 def offers(hosts: QuerySet[Host]) -> list[dict]:
     """Free capacity aggregated by precise GPU model x region x fabric kind, cheapest first.
 
@@ -499,87 +496,11 @@ def offers(hosts: QuerySet[Host]) -> list[dict]:
         )
         .order_by("min_price", "gpu_model", "site__region", "fabric__kind")
     )
-    result = [_offer_row(r) for r in rows if MIXED_MODELS not in r["gpu_model"]]
+    result = [offer_row(r) for r in rows if MIXED_MODELS not in r["gpu_model"]]
     mixed = [r["gpu_model"] for r in rows if MIXED_MODELS in r["gpu_model"]]
     if mixed:  # rare: split those hosts per model from their GPU rows, then merge
-        result = _merge_offers(result + _mixed_offers(hosts.filter(gpu_model__in=mixed)))
+        result = merge_offers(result + mixed_model_offers(hosts.filter(gpu_model__in=mixed)))
     return result
-
-
-MIXED_MODELS = " + "  # Discovery.gpu_model joins the models of a host that has several
-
-
-def _offer_row(r: dict) -> dict:
-    return {
-        "gpu_model": r["gpu_model"],
-        "memory_gib": memory_gib(
-            r["memory_mib"] or getattr(BY_MODEL.get(r["gpu_model"]), "memory_mib", None)
-        ),
-        "region": r["site__region"],
-        "fabric_kind": r["fabric__kind"],
-        "free_gpus": r["free_sum"] or 0,
-        "total_gpus": r["total_sum"] or 0,
-        "hosts": r["host_count"],
-        "hosts_with_free_gpus": r["hosts_with_free"],
-        "max_free_gpus_per_host": r["max_free_per_host"] or 0,
-        # SQLite returns aggregated decimals unrounded (0.390000000000000).
-        "min_price_per_gpu_hour": _cents(r["min_price"]),
-        "max_price_per_gpu_hour": _cents(r["max_price"]),
-    }
-
-
-def _mixed_offers(hosts: QuerySet[Host]) -> list[dict]:
-    """Offer rows of hosts with several GPU models: per (model, host) from the GPU table, then summed."""
-    held = GPU.objects.filter(allocations__active=True).values("id")
-    gpus = (
-        GPU.objects.filter(
-            host__in=hosts.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
-        )
-        .exclude(health=GpuHealth.LOST)
-        .values("model", "host_id", "host__site__region", "host__fabric__kind", "host__price_per_gpu_hour")
-        .annotate(
-            total=Count("id", distinct=True),
-            free=Count("id", filter=Q(health=GpuHealth.HEALTHY) & ~Q(id__in=held), distinct=True),
-            memory=Max("memory_mib"),
-        )
-    )
-    per_host = [
-        {
-            "gpu_model": g["model"],
-            "site__region": g["host__site__region"],
-            "fabric__kind": g["host__fabric__kind"],
-            "free_sum": g["free"],
-            "total_sum": g["total"],
-            "host_count": 1,
-            "hosts_with_free": int(g["free"] > 0),
-            "max_free_per_host": g["free"],
-            "min_price": g["host__price_per_gpu_hour"],
-            "max_price": g["host__price_per_gpu_hour"],
-            "memory_mib": g["memory"],
-        }
-        for g in gpus
-    ]
-    return [_offer_row(r) for r in per_host]
-
-
-def _merge_offers(rows: list[dict]) -> list[dict]:
-    merged: dict[tuple, dict] = {}
-    for row in rows:
-        key = (row["gpu_model"], row["region"], row["fabric_kind"])
-        if key not in merged:
-            merged[key] = dict(row)
-            continue
-        into = merged[key]
-        for field in ("free_gpus", "total_gpus", "hosts", "hosts_with_free_gpus"):
-            into[field] += row[field]
-        into["max_free_gpus_per_host"] = max(into["max_free_gpus_per_host"], row["max_free_gpus_per_host"])
-        into["min_price_per_gpu_hour"] = min(into["min_price_per_gpu_hour"], row["min_price_per_gpu_hour"])
-        into["max_price_per_gpu_hour"] = max(into["max_price_per_gpu_hour"], row["max_price_per_gpu_hour"])
-        into["memory_gib"] = into["memory_gib"] or row["memory_gib"]
-    return sorted(
-        merged.values(),
-        key=lambda r: (r["min_price_per_gpu_hour"], r["gpu_model"], r["region"], r["fabric_kind"]),
-    )
 
 
 def offered_models_matching(requested: list[str] | tuple[str, ...]) -> tuple[str, ...]:
