@@ -143,7 +143,7 @@ def _convolve(tables: list[list], limit: int) -> tuple[list, list[list[int]]]:
                     break
                 candidate = _add(value, cost)
                 slot = merged[total + take]
-                if slot is None or candidate < slot:
+                if slot is None or candidate <= slot:  # equal: earlier (lower-key) children keep theirs
                     merged[total + take], back[total + take] = candidate, take
         current = merged
         backs.append(back)
