@@ -150,6 +150,12 @@ class Host(models.Model):
         default=list, blank=True, help_text="Free GPU indices per NVLink domain, e.g. [[0, 1, 2, 3], [6]]."
     )
     nvlink_domain_size = models.PositiveIntegerField(default=0, help_text="Largest NVLink domain (GPUs).")
+    pcie_topology = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='GPU indices per PCIe switch and per NUMA node, from topo -m: {"switches": [[0, 1]], '
+        '"numa": [[0, 1, 2, 3]]}. Placement uses it on hosts without NVLink.',
+    )
     error_code = models.CharField(max_length=30, choices=OnboardingError.choices, blank=True)
     error_message = models.TextField(blank=True)
     discovery = models.JSONField(default=dict, blank=True, help_text="Last discovery result.")

@@ -372,6 +372,7 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
         "gpu_model": discovery.gpu_model,
         "gpu_count": count,
         "nvlink_domain_size": max(len(d) for d in discovery.nvlink_domains),
+        "pcie_topology": discovery.pcie_topology(),
         "discovery": discovery.as_json(),
         "error_code": "",
         "error_message": "",

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from inventory.discovery.ibstat import parse_ibstat
 from inventory.discovery.nvidia_smi import parse_query_gpu
 from inventory.discovery.topo import parse_topo
-from inventory.discovery.types import QUERY_FIELDS, GpuInfo, IbPort, ParseError
+from inventory.discovery.types import QUERY_FIELDS, GpuInfo, IbPort, ParseError, TopoMatrix
 from inventory.drivers.base import DriverError, HostDriver
 
 QUERY_COMMAND = f"nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv"
@@ -32,6 +32,9 @@ class Discovery:
     nvlink_domains: tuple[tuple[int, ...], ...]
     ib_ports: tuple[IbPort, ...]
     nic_names: tuple[str, ...]
+    # From `topo -m` (empty when it could not be read): placement's locality on PCIe-only hosts.
+    pcie_switches: tuple[tuple[int, ...], ...] = ()
+    numa_nodes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def gpu_model(self) -> str:
@@ -50,7 +53,13 @@ class Discovery:
             "nvlink_domains": [list(d) for d in self.nvlink_domains],
             "ib_ports": [asdict(p) for p in self.ib_ports],
             "nics": list(self.nic_names),
+            "pcie_switches": [list(g) for g in self.pcie_switches],
+            "numa_nodes": [list(g) for g in self.numa_nodes],
         }
+
+    def pcie_topology(self) -> dict:
+        """What Host.pcie_topology stores: GPU indices per PCIe switch and per NUMA node."""
+        return {"switches": [list(g) for g in self.pcie_switches], "numa": [list(g) for g in self.numa_nodes]}
 
 
 def discover(driver: HostDriver, timeout: float = 20.0, max_temp_c: int = 90) -> Discovery:
@@ -71,9 +80,17 @@ def discover(driver: HostDriver, timeout: float = 20.0, max_temp_c: int = 90) ->
         else tuple((g.index,) for g in query.gpus),
         ib_ports=ports,
         nic_names=tuple(topo.nic_names.values()) if topo else (),
+        **_pcie(topo),
     )
     _check_health(query, max_temp_c)
     return discovery
+
+
+def _pcie(topo: TopoMatrix | None) -> dict:
+    if topo is None:
+        return {}
+    switches, numa = topo.pcie_groups()
+    return {"pcie_switches": tuple(map(tuple, switches)), "numa_nodes": tuple(map(tuple, numa))}
 
 
 def _call(fn, *args):
