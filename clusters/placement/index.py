@@ -57,6 +57,7 @@ class _Shape:
     groups: list[_Group]
     fit_counts: list[dict[tuple[str, ...], int]]  # per level: domain key -> hosts that fit
     free_gpus: list[dict[tuple[str, ...], int]]  # per level: domain key -> free GPUs of those hosts
+    ordinals: dict[tuple, int]  # group key -> index in `groups`
 
 
 class Inventory:
@@ -99,8 +100,25 @@ class Inventory:
         """The (cached) index of hosts of `model` that can give a node of `gpus_per_node` GPUs."""
         key = (model, gpus_per_node)
         if key not in self._shapes:
-            self._shapes[key] = _build_shape(self._blocks.get(model, {}).values(), gpus_per_node)
+            self._shapes[key] = _build_shape(self._blocks.get(model, {}).items(), gpus_per_node)
         return self._shapes[key]
+
+    def update(self, host: HostSnapshot) -> None:
+        """Replace a host's snapshot (its free GPUs changed) and refresh its group in every shape built.
+
+        Costs one block's hosts per shape, not a rebuild: a simulator (bench/churn.py) or a long-lived
+        index can follow allocations. The host keeps its place: same model, path and fabric figures.
+        """
+        old = self.hosts[host.host_id]
+        key = _group_key(host)
+        if host.gpu_model != old.gpu_model or key != _group_key(old):
+            raise ValueError(f"host {host.host_id} changed model or place; build a new Inventory")
+        self.hosts[host.host_id] = host
+        members = self._blocks[host.gpu_model][key]
+        members[next(i for i, member in enumerate(members) if member.host_id == host.host_id)] = host
+        for (model, count), shape in self._shapes.items():
+            if model == host.gpu_model:
+                _refresh_group(shape, key, members, count)
 
 
 def _group_key(host: HostSnapshot) -> tuple:
@@ -124,25 +142,42 @@ def _entries(hosts: list[HostSnapshot], count: int, ordinal: int) -> list[Entry]
     return entries
 
 
-def _build_shape(blocks: Iterable[list[HostSnapshot]], count: int) -> _Shape:
-    groups: list[_Group] = []
-    for hosts in blocks:
-        entries = _entries(hosts, count, len(groups))
-        if entries:
-            groups.append(_build_group(entries))
-    fit_counts: list[dict[tuple[str, ...], int]] = [{} for _ in LEVELS]
-    free_gpus: list[dict[tuple[str, ...], int]] = [{} for _ in LEVELS]
-    for group in groups:
-        free = sum(entry.left for entry in group.entries) + count * len(group.entries)
-        for index, key in enumerate(group.keys):
-            fit_counts[index][key] = fit_counts[index].get(key, 0) + len(group.entries)
-            free_gpus[index][key] = free_gpus[index].get(key, 0) + free
-    return _Shape(groups, fit_counts, free_gpus)
+def _build_shape(blocks: Iterable[tuple[tuple, list[HostSnapshot]]], count: int) -> _Shape:
+    shape = _Shape([], [{} for _ in LEVELS], [{} for _ in LEVELS], {})
+    for key, hosts in blocks:
+        _refresh_group(shape, key, hosts, count)
+    return shape
 
 
-def _build_group(entries: list[_Entry]) -> _Group:
+def _refresh_group(shape: _Shape, key: tuple, hosts: list[HostSnapshot], count: int) -> None:
+    """(Re)build the group of `hosts` (one group key) in `shape` and adjust the per-domain counts."""
+    ordinal = shape.ordinals.get(key)
+    entries = _entries(hosts, count, len(shape.groups) if ordinal is None else ordinal)
+    if ordinal is None:
+        if not entries:
+            return
+        group = _build_group(entries, len(shape.groups), entries[0].host)
+        shape.groups.append(group)
+        shape.ordinals[key] = group.ordinal
+        old_hosts, old_free = 0, 0
+    else:
+        old = shape.groups[ordinal]
+        old_hosts, old_free = len(old.entries), _free(old.entries, count)
+        group = shape.groups[ordinal] = _build_group(entries, ordinal, old.host)
+    hosts_delta, free_delta = len(group.entries) - old_hosts, _free(group.entries, count) - old_free
+    for index, domain in enumerate(group.keys):
+        shape.fit_counts[index][domain] = shape.fit_counts[index].get(domain, 0) + hosts_delta
+        shape.free_gpus[index][domain] = shape.free_gpus[index].get(domain, 0) + free_delta
+
+
+def _free(entries: list[Entry], count: int) -> int:
+    """Free GPUs of these hosts (each gives `count` and keeps `left`)."""
+    return sum(entry.left for entry in entries) + count * len(entries)
+
+
+def _build_group(entries: list[_Entry], ordinal: int, host: HostSnapshot) -> _Group:
+    """A group's sorted entries and prefix sums; `host` represents its path and fabric figures."""
     entries.sort()
-    host = entries[0].host
     price_sums, reliability_sums = [0.0], [0.0]
     for entry in entries:
         price_sums.append(price_sums[-1] + entry.price)
@@ -150,4 +185,4 @@ def _build_group(entries: list[_Entry]) -> _Group:
     keys = tuple(host.path.domain(level) for level in LEVELS)
     prices = [entry.price for entry in entries]
     caps = level_caps_gbps(host)
-    return _Group(entries[0].ordinal, host, keys, entries, prices, price_sums, reliability_sums, caps)
+    return _Group(ordinal, host, keys, entries, prices, price_sums, reliability_sums, caps)

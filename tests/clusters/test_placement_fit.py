@@ -5,12 +5,14 @@ name-free tie-breaks, and measured bandwidth that stays local to what it measure
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import replace
 
 from clusters.placement import (
     DECLARED_HOST_GBPS,
     FabricKind,
     HostSnapshot,
+    Inventory,
     PlacementRequest,
     Plan,
     Refusal,
@@ -195,3 +197,26 @@ def test_a_block_sample_does_not_touch_other_blocks_or_the_fabric_figure():
     result = plan(ask(2), inventory[:2], {("block", "b3"): 1.1})
     assert (result.spanned_level, result.predicted_busbw_gbps) == ("fabric", 200.0)
     assert not any(line.startswith("measured:") for line in result.explanation)
+
+
+# --- the index follows allocations ---------------------------------------------------------------------
+
+
+def test_an_index_kept_current_by_update_plans_like_a_fresh_one():
+    rng = random.Random(3)
+    hosts = {f"{b}{i}": host(f"{b}{i}", b) for b in ("p", "q", "r") for i in range(4)}
+    hosts |= {f"l{i}": l40s(f"l{i}", tuple(range(8)), block="s") for i in range(3)}
+    index = Inventory(hosts.values())
+    index.prepare(range(1, 9), ("H100", "L40S"))
+    asks = [ask(n, g, m) for n in (1, 2, 3) for g in (1, 4, 8) for m in ("H100", "L40S")]
+    for _ in range(40):
+        h = hosts[rng.choice(sorted(hosts))]
+        free = sorted(rng.sample(range(8), rng.randint(0, 8)))
+        hosts[h.host_id] = replace(h, free_gpus=(tuple(free),) if h.nvlink else tuple((i,) for i in free))
+        index.update(hosts[h.host_id])
+        fresh = Inventory(hosts.values())
+        for request in asks:
+            ours, theirs = plan(request, index), plan(request, fresh)
+            assert type(ours) is type(theirs)
+            if isinstance(ours, Plan):
+                assert (ours.nodes, ours.price_per_hour) == (theirs.nodes, theirs.price_per_hour)
