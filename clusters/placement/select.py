@@ -20,6 +20,7 @@ import heapq
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import islice
+from operator import add
 
 from .index import Entry, _Group, _Shape
 
@@ -48,7 +49,7 @@ def host_fit(entry: Entry) -> Fit:
 
 
 def _add(a: Fit, b: Fit) -> Fit:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
+    return tuple(map(add, a, b))
 
 
 def _domain_cost(level: int, free: int) -> Fit:
@@ -61,6 +62,16 @@ def _domain_cost(level: int, free: int) -> Fit:
 
 def choose(shape: _Shape, usable: Sequence[tuple[_Group, int]], nodes: int) -> tuple[tuple[Entry, ...], Fit]:
     """The best `nodes` entries of these groups (the first `count` entries of each are usable)."""
+    if len(usable) == 1:  # one block: entry order is price, then the per-host fit, so a prefix is best
+        group = usable[0][0]
+        entries = tuple(group.entries[:nodes])
+        free = [shape.free_gpus[level].get(key, 0) for level, key in enumerate(group.keys[:3])]
+        locality = left = unreliability = 0
+        for entry in entries:
+            locality += entry.locality
+            left += entry.left
+            unreliability += round(entry.unreliability * 1e6)
+        return entries, (locality, 1, 1, 1, 1, *free, left, unreliability)
     marginal = _marginal_price(usable, nodes)
     mandatory: list[Entry] = []
     tied: dict[tuple, list[Entry]] = {}  # block key -> entries at the marginal price

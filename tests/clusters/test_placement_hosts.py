@@ -29,6 +29,8 @@ def test_a_free_four_l40s_host_gives_one_node_its_four_gpus(
     host = add_local_host(northwind, northwind_ib, "l40s-01", model="L40S", gpus=4, price="0.99")
     assert host.state == "available" and host.nvlink_domain_size == 1  # no NVLink between its GPUs
     assert host.pcie_topology == {"switches": [[0, 1], [2, 3]], "numa": [[0, 1], [2, 3]]}
+    offers = client_for(alice).get("/api/v1/offers/").json()["results"]
+    assert [o["max_free_gpus_per_host"] for o in offers if o["gpu_model"] == "L40S"] == [4]  # and placement:
     four = spec(nodes=1, gpus_per_node=4, gpu_models=["L40S"])
     body = client_for(alice).post("/api/v1/placements/preview", four, format="json").json()
     assert body["placed"] is True, body
