@@ -138,7 +138,8 @@ class ClusterEvent(models.Model):
 
 
 class BandwidthSample(models.Model):
-    """A measured all-reduce busbw for one topology domain; it overrides the declared figure."""
+    """A measured all-reduce busbw of the link class a probe exercised: the coarsest level its cluster
+    spanned, in that domain. Placement applies it as an efficiency (measured / declared) of that domain."""
 
     level = models.CharField(max_length=10)  # block, fabric, site, region, global
     domain_id = models.CharField(max_length=100)
@@ -146,6 +147,10 @@ class BandwidthSample(models.Model):
     nodes = models.PositiveIntegerField(default=2)
     measured_at = models.DateTimeField(default=timezone.now, db_index=True)
     cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL)
+    # A probe between `local` hosts measures this machine's loopback (or its emulation), not a fabric:
+    # placement ignores such samples unless the links were emulated (shaped to the declared figures).
+    source_local = models.BooleanField(default=False, help_text="Measured between local (sandbox) hosts.")
+    emulated = models.BooleanField(default=False, help_text="The links were shaped by the fabric emulation.")
 
     class Meta:
         ordering = ["-measured_at"]

@@ -449,7 +449,8 @@ def _record_sample(cluster: Cluster, busbw: float, nodes: int) -> None:
     level, domain = plan.get("spanned_level"), plan.get("spanned_domain") or []
     index = {"block": 3, "fabric": 2, "site": 1, "region": 0}.get(level)
     if index is not None and len(domain) > index:
-        record_bandwidth_sample(level, domain[index], busbw, nodes=nodes, cluster=cluster)
+        local = cluster.nodes.filter(host__driver=DriverKind.LOCAL).exists()
+        record_bandwidth_sample(level, domain[index], busbw, nodes=nodes, cluster=cluster, source_local=local)
 
 
 # --- failure, replacement and teardown -----------------------------------------------------------

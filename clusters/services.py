@@ -17,7 +17,7 @@ from decimal import Decimal
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, QuerySet
+from django.db.models import Case, Count, F, QuerySet, When
 from django.utils import timezone
 
 from clusters import placement, transitions
@@ -109,6 +109,8 @@ def candidate_snapshots(
         "site__backbone_gbytes_per_s",
         "price_per_gpu_hour",
         "reliability",
+        "nvlink_domain_size",
+        "pcie_topology",
     )
     return [_snapshot(row) for row in rows.iterator(chunk_size=5000)]
 
@@ -140,7 +142,10 @@ def _snapshot(row) -> placement.HostSnapshot:
         backbone,
         price,
         reliability,
+        nvlink_domain_size,
+        pcie,
     ) = row
+    pcie = pcie or {}
     return placement.HostSnapshot(
         host_id=str(host_id),
         provider_id=str(provider_id),
@@ -154,26 +159,45 @@ def _snapshot(row) -> placement.HostSnapshot:
         site_backbone_gbps=backbone,
         price_per_gpu_hour=float(price),
         reliability=reliability,
+        # Discovery makes each GPU without NVLink a domain of its own: such a host is PCIe-only.
+        nvlink=nvlink_domain_size > 1,
+        pcie_switches=tuple(tuple(group) for group in pcie.get("switches", ())),
+        numa_nodes=tuple(tuple(group) for group in pcie.get("numa", ())),
     )
 
 
 def measured_bandwidth() -> dict[tuple[str, str], float]:
-    """The newest measured busbw per topology domain from the last week (overrides declared figures)."""
+    """The newest measured busbw per topology domain from the last week. The engine applies each as an
+    efficiency of its domain. Samples between `local` hosts describe this machine's loopback, not a
+    fabric: they count only when the fabric emulation shaped the links."""
     since = timezone.now() - timezone.timedelta(days=MEASURED_MAX_AGE_DAYS)
+    samples = BandwidthSample.objects.filter(measured_at__gte=since).exclude(
+        source_local=True, emulated=False
+    )
     measured: dict[tuple[str, str], float] = {}
-    for level, domain, busbw in BandwidthSample.objects.filter(measured_at__gte=since).values_list(
-        "level", "domain_id", "busbw_gbps"
-    ):
+    for level, domain, busbw in samples.values_list("level", "domain_id", "busbw_gbps"):
         measured.setdefault((level, domain), busbw)  # rows come newest first
     return measured
 
 
 def record_bandwidth_sample(
-    level: str, domain_id: str, busbw_gbps: float, nodes: int = 2, cluster: Cluster | None = None
+    level: str,
+    domain_id: str,
+    busbw_gbps: float,
+    nodes: int = 2,
+    cluster: Cluster | None = None,
+    source_local: bool = False,
+    emulated: bool = False,
 ) -> BandwidthSample:
-    """Store a measured busbw for a domain (the verification probe calls this)."""
+    """Store a measured busbw for the domain a probe's cluster spanned (the verification probe calls this)."""
     return BandwidthSample.objects.create(
-        level=level, domain_id=str(domain_id), busbw_gbps=busbw_gbps, nodes=nodes, cluster=cluster
+        level=level,
+        domain_id=str(domain_id),
+        busbw_gbps=busbw_gbps,
+        nodes=nodes,
+        cluster=cluster,
+        source_local=source_local,
+        emulated=emulated,
     )
 
 
@@ -192,14 +216,16 @@ def validate_spec(spec: dict) -> placement.PlacementRequest:
 
 
 def _model_stats() -> dict[str, dict]:
-    """Per GPU model over every host that exists: host count, largest NVLink domain, hosts per domain size."""
+    """Per GPU model over every host that exists: the largest node one host can give (its largest NVLink
+    domain; every GPU on a host without NVLink), and hosts per such node size."""
     live = Host.objects.exclude(state__in=[HostState.RETIRED, HostState.FAILED]).exclude(gpu_model="")
+    node_size = Case(When(nvlink_domain_size__gt=1, then=F("nvlink_domain_size")), default=F("gpu_count"))
     stats: dict[str, dict] = {}
-    rows = live.values("gpu_model", "nvlink_domain_size").annotate(hosts=Count("id"))
+    rows = live.annotate(node_size=node_size).values("gpu_model", "node_size").annotate(hosts=Count("id"))
     for row in rows:
         entry = stats.setdefault(row["gpu_model"], {"largest": 0, "by_domain": {}})
-        entry["largest"] = max(entry["largest"], row["nvlink_domain_size"])
-        entry["by_domain"][row["nvlink_domain_size"]] = row["hosts"]
+        entry["largest"] = max(entry["largest"], row["node_size"])
+        entry["by_domain"][row["node_size"]] = row["hosts"]
     return stats
 
 
@@ -214,7 +240,7 @@ def _inventory_problems(request: placement.PlacementRequest) -> list[str]:
     if all(stats[m]["largest"] < asked for m in request.models):
         return [
             f"{asked} GPUs per node asked; the largest {m} host has {stats[m]['largest']} GPUs in one NVLink "
-            f"domain — ask for at most {stats[m]['largest']} per node, or more nodes"
+            f"domain (or in all, without NVLink) — ask for at most {stats[m]['largest']} per node, or more nodes"
             for m in request.models
         ]
     fitting = {
@@ -224,7 +250,7 @@ def _inventory_problems(request: placement.PlacementRequest) -> list[str]:
         best = max(fitting.values())
         return [
             f"{request.nodes} nodes asked; only {best} hosts in the whole inventory can give {asked} "
-            f"{' or '.join(request.models)} GPUs in one NVLink domain"
+            f"{' or '.join(request.models)} GPUs to one node"
         ]
     return []
 

@@ -154,6 +154,12 @@ class Host(models.Model):
         default=0, help_text="Largest NVLink domain of healthy GPUs (GPUs)."
     )
     gpu_memory_mib = models.PositiveIntegerField(null=True, blank=True, help_text="Memory of one GPU (MiB).")
+    pcie_topology = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='GPU indices per PCIe switch and per NUMA node, from topo -m: {"switches": [[0, 1]], '
+        '"numa": [[0, 1, 2, 3]]}. Placement uses it on hosts without NVLink.',
+    )
     error_code = models.CharField(max_length=30, choices=OnboardingError.choices, blank=True)
     error_message = models.TextField(blank=True)
     discovery = models.JSONField(default=dict, blank=True, help_text="Last discovery result.")

@@ -370,6 +370,7 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
         "gpu_memory_mib": max((g.memory_total_mib or 0 for g in discovery.gpus), default=0) or None,
         "nvlink_domain_size": onboarding.healthy_domain_size(host),
         "discovery": discovery.as_json() | {"network_warnings": warnings},
+        "pcie_topology": discovery.pcie_topology(),
         "error_code": "",
         "error_message": "",
         "last_heartbeat_at": timezone.now(),

@@ -13,7 +13,7 @@ from .bandwidth import (
     level_caps_gbps,
     lowest_common_level,
 )
-from .baseline import first_fit
+from .baseline import best_fit, first_fit
 from .engine import as_inventory, plan, validate
 from .index import Inventory
 from .types import (
@@ -59,6 +59,7 @@ __all__ = [
     "TopologyPath",
     "allreduce_seconds",
     "as_inventory",
+    "best_fit",
     "busbw_from_algbw",
     "cluster_busbw_gbps",
     "first_fit",

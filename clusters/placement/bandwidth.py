@@ -16,7 +16,12 @@ Figures per level (GB/s), declared unless a measured sample overrides them:
 | region | WAN inside a region, 10 Gb/s = 1.25            | ("region", region)    |
 | global | WAN across regions, 1 Gb/s = 0.125             | ("global", "")        |
 
-A measured value is an nccl-tests busbw in GB/s and replaces the declared figure of its domain.
+A measured value is an nccl-tests busbw in GB/s of the link class a probe exercised: the coarsest
+level its cluster spanned, in that domain. It is applied as an *efficiency* (measured / declared) of
+that domain: the figures of the domain's hosts at its level, and at every coarser level (their
+traffic leaves through it), are scaled by it. Nothing beside it changes (other domains keep their
+figures) and the hierarchy is never flattened: a slow block's hosts still rank in-block above
+cross-block, and every level of theirs ranks below a healthy block's.
 """
 
 from __future__ import annotations
@@ -49,8 +54,6 @@ DECLARED_HOST_GBPS: dict[str, float] = {
     FabricKind.ETH_10G: 1.25,
 }
 
-_NO_MEASUREMENTS: Measured = {}
-
 
 def measured_key(host: HostSnapshot, level: Level) -> tuple[str, str]:
     """The key a measured busbw sample for `host`'s domain at `level` is stored under."""
@@ -77,12 +80,25 @@ def declared_figures_gbps(host: HostSnapshot) -> tuple[float, float, float, floa
     )
 
 
+def efficiencies(host: HostSnapshot, measured: Measured | None) -> tuple[float, ...]:
+    """Measured / declared for each of `host`'s domains, finest first (1.0 where nothing was measured)."""
+    if not measured:
+        return (1.0,) * len(LEVELS)
+    declared = declared_figures_gbps(host)
+    return tuple(
+        measured[key] / figure if (key := measured_key(host, level)) in measured and figure > 0 else 1.0
+        for level, figure in zip(LEVELS, declared, strict=True)
+    )
+
+
 def level_caps_gbps(host: HostSnapshot, measured: Measured | None = None) -> tuple[float, ...]:
-    """`host`'s cap at each level, finest first: the running minimum of its (measured) figures."""
-    measured = measured or _NO_MEASUREMENTS
+    """`host`'s cap at each level, finest first: the running minimum of its declared figures, each
+    scaled by the efficiencies measured for its domains at that level and every finer one."""
     caps: list[float] = []
-    for level, declared in zip(LEVELS, declared_figures_gbps(host), strict=True):
-        figure = measured.get(measured_key(host, level), declared) if measured else declared
+    scale = 1.0
+    for declared, efficiency in zip(declared_figures_gbps(host), efficiencies(host, measured), strict=True):
+        scale *= efficiency
+        figure = declared * scale
         caps.append(min(figure, caps[-1]) if caps else figure)
     return tuple(caps)
 
@@ -134,3 +150,22 @@ def describe_level_sources(hosts: Iterable[HostSnapshot], level: str, measured: 
     levels = LEVELS[: LEVELS.index(Level(level)) + 1]
     keys = {measured_key(host, lvl) for host in hosts for lvl in levels}
     return "measured" if keys & set(measured) else "declared"
+
+
+def measured_notes(hosts: Iterable[HostSnapshot], measured: Measured | None) -> list[str]:
+    """One line per measured figure that applies to these hosts: which domain, the figure, the
+    efficiency it stands for. Every other figure of the plan is declared."""
+    if not measured:
+        return []
+    lines: dict[tuple[str, str], str] = {}
+    for host in hosts:
+        for level, declared in zip(LEVELS, declared_figures_gbps(host), strict=True):
+            key = measured_key(host, level)
+            if key in measured and key not in lines and declared > 0:
+                domain = "/".join(host.path.domain(level)) or "all regions"
+                share = measured[key] / declared
+                lines[key] = (
+                    f"measured: {level} {domain} at {measured[key]:g} GB/s against {declared:g} GB/s declared "
+                    f"(efficiency {share:.0%}, applied to that {level}'s hosts only)"
+                )
+    return [lines[key] for key in sorted(lines)]

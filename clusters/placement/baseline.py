@@ -1,20 +1,24 @@
-"""First-fit placement, the GPU-marketplace approach, used only as the benchmark's baseline.
+"""Baselines for the benchmarks: first fit (a GPU marketplace) and plain best fit by free-GPU count
+(a quota scheduler). Both are blind to topology.
 
-It keeps the hard filters a marketplace offers (model, free GPUs, price, region, a required
-interconnect) and takes the first hosts in input order, blind to topology. Its plan is scored with
-the same bandwidth model as the engine's, so the two can be compared on one inventory.
+They keep the hard filters a marketplace offers (model, free GPUs, price, region, a required
+interconnect) and the engine's allocation rules for one node (nodes.node_gpus: one NVLink domain,
+or any free GPUs of a PCIe-only host). Their plans are scored with the same bandwidth model as the
+engine's, so the policies can be compared on one inventory.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 from .bandwidth import Measured, allreduce_seconds, cluster_busbw_gbps, lowest_common_level
+from .nodes import node_gpus
 from .types import Constraint, HostSnapshot, NodeAssignment, PlacementRequest, Plan, Refusal
 
 
 def _fits(request: PlacementRequest, host: HostSnapshot, model: str) -> tuple[int, ...] | None:
-    """The GPU indices first-fit takes on `host` (first NVLink domain with room), or None."""
+    """The GPU indices a baseline takes on `host` (the engine's rule for one node), or None."""
     cap = request.max_price_per_gpu_hour
     if host.gpu_model != model or (cap is not None and host.price_per_gpu_hour > cap):
         return None
@@ -23,10 +27,8 @@ def _fits(request: PlacementRequest, host: HostSnapshot, model: str) -> tuple[in
     required = request.interconnect_mode == Constraint.REQUIRED
     if required and host.fabric_kind not in request.interconnect_kinds():
         return None
-    for free in host.free_gpus:
-        if len(free) >= request.gpus_per_node:
-            return tuple(sorted(free)[: request.gpus_per_node])
-    return None
+    chosen = node_gpus(host, request.gpus_per_node)
+    return None if chosen is None else chosen[1]
 
 
 def first_fit(
@@ -41,11 +43,13 @@ def first_fit(
             if indices is not None:
                 chosen.append((host, indices))
                 if len(chosen) == request.nodes:
-                    return _plan(request, model, chosen, measured)
+                    return _plan(
+                        request, model, chosen, measured, "first-fit: the first hosts in input order that fit"
+                    )
     return Refusal(("first-fit: not enough hosts",))
 
 
-def _plan(request: PlacementRequest, model: str, chosen: list, measured: Measured | None) -> Plan:
+def _plan(request: PlacementRequest, model: str, chosen: list, measured: Measured | None, why: str) -> Plan:
     hosts = [host for host, _ in chosen]
     busbw = cluster_busbw_gbps(hosts, measured)
     level = lowest_common_level(hosts)
@@ -61,5 +65,20 @@ def _plan(request: PlacementRequest, model: str, chosen: list, measured: Measure
         predicted_busbw_gbps=busbw,
         predicted_allreduce_s=seconds,
         price_per_hour=round(sum(h.price_per_gpu_hour for h in hosts) * request.gpus_per_node, 6),
-        explanation=("first-fit: the first hosts in input order that fit",),
+        explanation=(why,),
     )
+
+
+def best_fit(
+    request: PlacementRequest, hosts: Iterable[HostSnapshot], measured: Measured | None = None
+) -> Plan | Refusal:
+    """Plain best fit by free-GPU count, blind to topology (a quota scheduler): the hosts with the fewest
+    free GPUs that can still take a node, input order breaking ties, for the first model that has enough."""
+    listed = list(hosts)
+    for model in request.models:
+        fitting = [(host, indices) for host in listed if (indices := _fits(request, host, model)) is not None]
+        if len(fitting) >= request.nodes:
+            # nsmallest is stable: input order breaks ties
+            tightest = heapq.nsmallest(request.nodes, fitting, key=lambda pair: pair[0].free_count())
+            return _plan(request, model, tightest, measured, "best-fit by free GPUs")
+    return Refusal(("best-fit: not enough hosts",))

@@ -3,35 +3,34 @@
 `plan(request, hosts, measured)` returns a `Plan` or a `Refusal`. The rules, in order; each one only
 breaks ties left by the ones above it:
 
-1. Hard constraints: an allowed GPU model; `gpus_per_node` free GPUs from ONE NVLink domain of the
-   host; price per GPU-hour <= the maximum; an allowed region; a required interconnect (every host
-   on one of the named fabric kinds); a required topology level L (every node inside one domain of
-   L); one node per host. Only GPUs listed as free are used.
+1. Hard constraints: an allowed GPU model; `gpus_per_node` free GPUs of one host — from ONE NVLink
+   domain on NVLink hosts, any free GPUs on PCIe-only hosts (nodes.py); price per GPU-hour <= the
+   maximum; an allowed region; a required interconnect (every host on one of the named fabric
+   kinds); a required topology level L (every node inside one domain of L); one node per host.
 2. Models: `ordered` takes the first listed model that can be placed at all. `any_of` plans every
-   listed model and compares the plans by rules 3-7, so for collective workloads the best busbw
+   listed model and compares the plans by rules 3-6, so for collective workloads the best busbw
    wins and the cheapest of those; for the others the cheapest plan wins.
 3. Interconnect `preferred`: plans on the preferred kinds first; otherwise any fabric, said so.
 4. Topology `preferred` level L (Kueue TAS): plans inside one domain of L first, then of the next
    level up, and so on; each fall-back is said in the explanation.
 5. Collective workloads (data_parallel, tensor_pipeline, more than one node): highest predicted
    busbw (`bandwidth.cluster_busbw_gbps`), then lowest price. Others (independent tasks, inference
-   replicas, one node): lowest price, then highest busbw.
-6. Best-fit (Slurm topology/tree, Kueue TAS): the fewest spare hosts that could still take a node
-   of this shape left in the domain the plan spans, to limit fragmentation.
-7. Highest mean reliability, then host ids (determinism).
+   replicas, one node): lowest price.
+6. Fit, for every request kind (select.FIELDS, in order): the best GPU locality inside the hosts
+   (PCIe switch, NUMA node), the fewest blocks, then fabrics, sites, regions spanned; the tightest
+   blocks, fabrics, sites (least free capacity); the tightest hosts (fewest GPUs left); the most
+   reliable hosts; then host primary keys. Never names.
 
-Inside a domain hosts are taken cheapest first, then the least leftover in the NVLink domain used
-(best-fit at GPU level), then the most reliable. The search tries levels finest first and works on
-per-block aggregates of an `Inventory` index; it touches single hosts only in candidate domains.
-It is exact for rules 1-5: the best busbw of any set of n hosts is the n-th largest host cap inside
-some domain at its own level (caps only shrink as levels coarsen), so evaluating each domain "as
-if" spanned at its level and taking the n cheapest hosts whose cap reaches the optimum finds both
-the optimal busbw and the lowest price among the plans that reach it.
+The search tries levels finest first and works on per-block aggregates of an `Inventory` index; it
+touches single hosts only in candidate domains. The best busbw of any set of n hosts is the n-th
+largest host cap inside some domain at its own level (caps only shrink as levels coarsen), so
+evaluating each domain "as if" spanned at its level finds the optimal busbw and every domain that
+reaches it; inside each, `select.choose` takes the cheapest hosts and, among the hosts at the
+marginal price, the exact optimum of rule 6 (a dynamic programme over the topology tree).
 """
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,8 +42,11 @@ from .bandwidth import (
     describe_level_sources,
     hop_gbps,
     level_caps_gbps,
+    measured_notes,
 )
 from .index import Inventory, _Entry, _Group, _Shape
+from .nodes import LOCALITY_LABELS
+from .select import FIELDS, Fit, choose
 from .types import (
     LEVELS,
     Constraint,
@@ -89,14 +91,14 @@ class _Option:
     level_index: int  # lowest common level of the hosts; -1 for a single node
     busbw: float | None
     price_per_hour: float
-    spare: int
-    reliability: float
+    fit: Fit  # select.FIELDS: locality, domains spanned, tightness, reliability
+    spare: int  # hosts that fit this node shape left in the spanned domain (for the explanation)
 
     def rank(self, collective: bool) -> tuple:
         """Sort key implementing rules 5-7 of the module docstring (smaller is better)."""
-        price, bandwidth = round(self.price_per_hour, 6), -(self.busbw or 0.0)
-        head = (bandwidth, price) if collective else (price, bandwidth)
-        return (*head, self.spare, round(-self.reliability, 9), tuple(e[3] for e in self.entries))
+        price = round(self.price_per_hour, 6)
+        head = (-(self.busbw or 0.0), price) if collective else (price,)
+        return (*head, self.fit, tuple(sorted(e.id_key for e in self.entries)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,37 +177,15 @@ def _threshold(members: list[_Usable], level_index: int, nodes: int) -> float:
 
 
 def _option(members: list[_Usable], shape: _Shape, nodes: int, gpus: int) -> _Option:
-    """The n cheapest hosts (placement order) of these groups, with the figures they rank by."""
-    if len(members) == 1:
-        item = members[0]
-        group = item.group
-        busbw = item.caps[0] if nodes > 1 else None
-        spare = shape.fit_counts[0][group.keys[0]] - nodes
-        price = group.price_sums[nodes] * gpus
-        return _Option(tuple(group.entries[:nodes]), 0 if nodes > 1 else -1, busbw, price, spare,
-                       group.reliability_sums[nodes] / nodes)  # fmt: skip
+    """The best `nodes` hosts of these groups (select.choose), with the figures they rank by."""
+    entries, fit = choose(shape, [(item.group, item.count) for item in members], nodes)
     caps = {item.group.ordinal: item.caps for item in members}
-    return _option_of(_cheapest(members, nodes), caps, shape, nodes, gpus)
-
-
-def _cheapest(members: list[_Usable], nodes: int) -> tuple[_Entry, ...]:
-    """The n first entries across sorted groups. Only groups whose first entry is among the n
-    smallest first entries can contribute, so at most n groups are merged."""
-    if len(members) > nodes:
-        members = heapq.nsmallest(nodes, members, key=lambda item: item.group.entries[0])
-    pool = [entry for item in members for entry in item.group.entries[: min(nodes, item.count)]]
-    pool.sort()
-    return tuple(pool[:nodes])
-
-
-def _option_of(entries: tuple[_Entry, ...], caps: dict, shape: _Shape, nodes: int, gpus: int) -> _Option:
-    groups = {entry[5]: entry[6].path for entry in entries}
+    groups = {entry.ordinal: shape.groups[entry.ordinal].host.path for entry in entries}
     level = 0 if len(groups) == 1 else _lowest_common_index(list(groups.values()))
     busbw = min(caps[ordinal][level] for ordinal in groups) if nodes > 1 else None
-    spare = shape.fit_counts[level][entries[0][6].path.domain(LEVELS[level])] - nodes
-    price = sum(entry[0] for entry in entries) * gpus
-    reliability = -sum(entry[2] for entry in entries) / nodes
-    return _Option(entries, level if nodes > 1 else -1, busbw, price, spare, reliability)
+    spare = shape.fit_counts[level][entries[0].host.path.domain(LEVELS[level])] - nodes
+    price = sum(entry.price for entry in entries) * gpus
+    return _Option(entries, level if nodes > 1 else -1, busbw, price, fit, spare)
 
 
 def _lowest_common_index(paths: list) -> int:
@@ -385,12 +365,15 @@ def _figures(option: _Option) -> str:
 
 def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | None, notes: list[str]) -> Plan:
     """Turn the chosen option into a Plan: nodes in topology order, head, figures, explanation."""
-    entries = sorted(choice.option.entries, key=lambda e: (e[6].path.domain(Level.BLOCK), e[3]))
-    hosts = [entry[6] for entry in entries]
+    entries = sorted(choice.option.entries, key=lambda e: (e.host.path.domain(Level.BLOCK), e.id_key))
+    hosts = [entry.host for entry in entries]
     busbw = cluster_busbw_gbps(hosts, measured)
     level = LEVELS[choice.option.level_index] if busbw is not None else None
     seconds = None
-    explanation = [*notes, _chosen_note(request, choice, hosts, busbw, level, measured)]
+    explanation = [*notes, *_fit_notes(request, choice.option)]
+    if busbw is not None:
+        explanation += measured_notes(hosts, measured)
+    explanation.append(_chosen_note(request, choice, hosts, busbw, level, measured))
     if busbw is not None and level is not None:
         seconds = allreduce_seconds(request.reference_gradient_bytes, len(hosts), busbw, level)
         gigabytes = request.reference_gradient_bytes / 1e9
@@ -399,7 +382,7 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
     explanation += _pipeline_notes(stages, {host.host_id: host for host in hosts}, measured)
     return Plan(
         model=choice.model,
-        nodes=tuple(_node(entry, request.gpus_per_node) for entry in entries),
+        nodes=tuple(NodeAssignment(entry.host.host_id, entry.gpus) for entry in entries),
         head_host_id=max(hosts, key=lambda host: host.reliability).host_id,
         spanned_level=str(level) if level is not None else "host",
         spanned_domain=hosts[0].path.domain(level) if level is not None else (hosts[0].host_id,),
@@ -411,10 +394,22 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
     )
 
 
-def _node(entry: _Entry, gpus: int) -> NodeAssignment:
-    """The lowest free indices of the NVLink domain the index chose for this host."""
-    host, domain = entry[6], entry[4]
-    return NodeAssignment(host.host_id, tuple(sorted(host.free_gpus[domain])[:gpus]))
+def _fit_notes(request: PlacementRequest, option: _Option) -> list[str]:
+    """How the plan fits: node locality on PCIe hosts, domains spanned, and the tie-break order."""
+    fit = dict(zip(FIELDS, option.fit, strict=True))
+    notes = []
+    pcie = [entry for entry in option.entries if not entry.host.nvlink]
+    if pcie and request.gpus_per_node > 1:
+        worst = max(entry.locality for entry in pcie)
+        notes.append(f"PCIe hosts (no NVLink): each node's GPUs lie within {LOCALITY_LABELS[worst]} at worst")
+    spans = ", ".join(f"{fit[name]} {name}" for name in ("blocks", "fabrics", "sites", "regions"))
+    notes.append(
+        f"fit: spans {spans}; leaves {fit['free_gpus_in_blocks'] - len(option.entries) * request.gpus_per_node} "
+        f"free GPUs in the blocks used and {fit['gpus_left_on_hosts']} on the hosts used. Among equal bandwidth and price, "
+        "ties break on node locality, the fewest domains spanned, the least free capacity left in them "
+        "and on the hosts, reliability, then host primary key — never on names"
+    )
+    return notes
 
 
 def _chosen_note(
@@ -463,7 +458,8 @@ def _model_refusal(request: PlacementRequest, inventory: Inventory, model: str) 
     """The binding constraint for `model`, with numbers: the first filter that leaves too few hosts."""
     rows = [(group, len(group.entries)) for group in inventory.shape(model, request.gpus_per_node).groups]
     gpus = "GPU" if request.gpus_per_node == 1 else "GPUs"
-    subject = f"with {request.gpus_per_node} free {model} {gpus} in one NVLink domain"
+    where = "for one node" if model in inventory.pcie_models else "in one NVLink domain"
+    subject = f"with {request.gpus_per_node} free {model} {gpus} {where}"
     for qualifier, step in _funnel(request):
         kept = step(rows)
         count = sum(count for _, count in kept)

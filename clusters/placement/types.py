@@ -102,6 +102,15 @@ class HostSnapshot:
     fabric_oversubscription: float = 1.0  # block uplink oversubscription (1.0 = non-blocking)
     site_backbone_gbps: float = 12.5  # declared bandwidth per host between the site's fabrics, GB/s
     reliability: float = 1.0  # 0..1, higher is better
+    # False for PCIe-only hosts (no NVLink between GPUs: RTX 4090, L40S): a node may take any free GPUs
+    # of the host, preferring one PCIe switch, then one NUMA node (`nvidia-smi topo -m`).
+    nvlink: bool = True
+    pcie_switches: tuple[tuple[int, ...], ...] = ()  # GPU indices under one PCIe switch (PIX/PXB)
+    numa_nodes: tuple[tuple[int, ...], ...] = ()  # GPU indices on one NUMA node (NODE/PHB, not SYS)
+
+    def free_count(self) -> int:
+        """Free GPUs on the host, whatever their domain."""
+        return sum(len(domain) for domain in self.free_gpus)
 
 
 @dataclass(frozen=True)
@@ -215,7 +224,7 @@ _REQUEST_CHECKS = (
 
 @dataclass(frozen=True, slots=True)
 class NodeAssignment:
-    """One node of a plan: a host and the GPU indices it gives (all from one NVLink domain)."""
+    """One node of a plan: a host and the GPU indices it gives (one NVLink domain on NVLink hosts)."""
 
     host_id: str
     gpu_indices: tuple[int, ...]

@@ -13,7 +13,7 @@ from inventory.discovery.ibstat import parse_ibstat
 from inventory.discovery.network import SYSFS_COMMAND, parse_sysfs_ports, port_counts, with_roce_flags
 from inventory.discovery.nvidia_smi import parse_query_gpu
 from inventory.discovery.topo import parse_topo
-from inventory.discovery.types import QUERY_FIELDS, GpuInfo, IbPort, ParseError
+from inventory.discovery.types import QUERY_FIELDS, GpuInfo, IbPort, ParseError, TopoMatrix
 from inventory.drivers.base import DriverError, HostDriver
 
 QUERY_COMMAND = f"nvidia-smi --query-gpu={','.join(QUERY_FIELDS)} --format=csv"
@@ -47,6 +47,9 @@ class Discovery:
     nics: tuple[dict, ...] = ()  # {"name": "mlx5_0", "gpu_link": "PIX", "closest_gpus": [0]} from topo -m
     gpu_problems: dict[int, str] = field(default_factory=dict)  # index -> why it is unhealthy
     lost: tuple[LostGpu, ...] = ()
+    # From `topo -m` (empty when it could not be read): placement's locality on PCIe-only hosts.
+    pcie_switches: tuple[tuple[int, ...], ...] = ()
+    numa_nodes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def gpu_model(self) -> str:
@@ -77,7 +80,13 @@ class Discovery:
             "port_counts": port_counts(self.ib_ports),
             "gpu_problems": {str(index): reason for index, reason in sorted(self.gpu_problems.items())},
             "lost_gpus": [asdict(lost) for lost in self.lost],
+            "pcie_switches": [list(g) for g in self.pcie_switches],
+            "numa_nodes": [list(g) for g in self.numa_nodes],
         }
+
+    def pcie_topology(self) -> dict:
+        """What Host.pcie_topology stores: GPU indices per PCIe switch and per NUMA node."""
+        return {"switches": [list(g) for g in self.pcie_switches], "numa": [list(g) for g in self.numa_nodes]}
 
 
 def discover(driver: HostDriver, timeout: float = 20.0, max_temp_c: int = 90) -> Discovery:
@@ -108,7 +117,15 @@ def discover(driver: HostDriver, timeout: float = 20.0, max_temp_c: int = 90) ->
         nics=_nics(topo, ports),
         gpu_problems=problems,
         lost=lost,
+        **_pcie(topo),
     )
+
+
+def _pcie(topo: TopoMatrix | None) -> dict:
+    if topo is None:
+        return {}
+    switches, numa = topo.pcie_groups()
+    return {"pcie_switches": tuple(map(tuple, switches)), "numa_nodes": tuple(map(tuple, numa))}
 
 
 def _call(fn, *args):

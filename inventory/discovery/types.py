@@ -106,6 +106,22 @@ class TopoMatrix:
             groups.setdefault(find(i), []).append(i)
         return sorted(sorted(g) for g in groups.values())
 
+    def pcie_groups(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(GPUs under one PCIe switch, GPUs on one NUMA node): connected components over GPU pairs
+        linked by PIX/PXB, and by PIX/PXB/PHB/NODE (everything but SYS). Placement uses them on
+        hosts without NVLink: a node prefers one switch, then one NUMA node."""
+        return self._components({"PIX", "PXB"}), self._components({"PIX", "PXB", "PHB", "NODE"})
+
+    def _components(self, kinds: set[str]) -> list[list[int]]:
+        indices = [int(g[3:]) for g in self.gpus]
+        group = {i: {i} for i in indices}
+        for (a, b), kind in self.links.items():
+            if a.startswith("GPU") and b.startswith("GPU") and a != b and kind in kinds:
+                merged = group[int(a[3:])] | group[int(b[3:])]
+                for i in merged:
+                    group[i] = merged
+        return [list(g) for g in sorted({tuple(sorted(g)) for g in group.values()})]
+
 
 @dataclass(frozen=True)
 class IbPort:

@@ -1,0 +1,463 @@
+"""A day of churn: placement judged over time, where fragmentation decides whether tomorrow's job fits.
+
+    .venv/bin/python bench/churn.py [--hosts 10000] [--hours 24] [--load 0.95] [--seed 11]
+
+Inventory (in memory): `--hosts` hosts of several providers over regions -> sites -> fabrics (NDR, HDR,
+RoCE, Ethernet) -> blocks of 16-32 hosts. H100, H200 and A100 hosts have 8 GPUs in one NVLink domain;
+L40S (8) and RTX 4090 (4) hosts are PCIe-only (2 GPUs per PCIe switch, 2 NUMA nodes). A provider
+prices a fabric's hosts alike.
+
+Trace: arrivals are a Poisson process over `--hours`, at a rate that offers `--load` of the GPU
+capacity; shapes from 1x1 to 64x8, weighted toward small (node counts 1..64, GPUs per node 1..8);
+lognormal durations (median 4 h, sigma 1, at most 24 h); models in proportion to capacity; most
+multi-node jobs data parallel, the rest tensor/pipeline, inference replicas or independent tasks. A
+few hosts fail during the day (their jobs go back to the queue with the work they had left) and return
+hours later.
+
+The same trace runs through three policies with Volt's allocation rules (one node per host, a node's
+GPUs by clusters.placement.nodes.node_gpus) and Volt's queue (priority then FIFO; a request that does
+not fit is skipped so smaller ones behind it can start):
+- volt: clusters.placement.plan on an Inventory of the model's hosts with free GPUs;
+- first_fit: the first hosts in listing order that fit (a marketplace);
+- best_fit: the hosts with the fewest free GPUs that fit, blind to topology (a quota scheduler).
+
+Per policy: share of multi-node plans inside one block / one fabric, mean predicted busbw of
+multi-node plans (the engine's bandwidth model), GPU utilisation (busy GPU-hours / GPU-hours of hosts
+up, over the day), mean and p95 queue wait (a request still queued at the end counts with the wait so
+far), and GPUs stranded: free but on hosts that cannot give a node of the median request's GPUs per
+node (time average). The last line printed is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import emit_json, percentile, print_table  # noqa: E402
+from clusters.placement import (  # noqa: E402
+    DECLARED_HOST_GBPS,
+    HostSnapshot,
+    Inventory,
+    PlacementRequest,
+    Plan,
+    TopologyPath,
+    best_fit,
+    first_fit,
+    plan,
+)
+from clusters.placement.nodes import node_gpus  # noqa: E402
+
+# model: (share of hosts, GPUs per host, NVLink, $/GPU-hour range)
+MODELS = {
+    "H100": (0.40, 8, True, (2.0, 3.0)),
+    "H200": (0.15, 8, True, (3.0, 4.0)),
+    "A100": (0.20, 8, True, (1.2, 1.9)),
+    "L40S": (0.15, 8, False, (0.8, 1.2)),
+    "RTX 4090": (0.10, 4, False, (0.3, 0.5)),
+}
+FABRICS = {"ib_ndr": (0.4, 2.0), "ib_hdr": (0.2, 2.0), "roce": (0.25, 1.0), "eth_100g": (0.15, 1.0)}
+REGIONS = ("us-east", "us-west", "eu-west")
+NODE_COUNTS = ((1, 0.62), (2, 0.12), (4, 0.10), (8, 0.08), (16, 0.045), (32, 0.025), (64, 0.01))
+SINGLE_GPUS = ((1, 0.3), (2, 0.2), (4, 0.2), (8, 0.3))
+MULTI_GPUS = ((8, 0.8), (4, 0.15), (2, 0.05))
+PARALLELISM = (
+    ("data_parallel", 0.7),
+    ("tensor_pipeline", 0.1),
+    ("inference_replicas", 0.1),
+    ("independent", 0.1),
+)
+POLICIES = ("volt", "first_fit", "best_fit")
+FAILURES, DOWN_HOURS = 12, (2.0, 8.0)
+MEDIAN_HOURS = 4.0  # lognormal durations: median 4 h, sigma 1 (mean 6.6 h), at most 24 h
+STRANDED_SAMPLE_S = 900.0
+
+
+def _weighted(rng: random.Random, table) -> object:
+    return rng.choices([v for v, _ in table], weights=[w for _, w in table])[0]
+
+
+def generate_inventory(size: int, seed: int) -> list[HostSnapshot]:
+    """`size` hosts in listing order (shuffled, as a marketplace lists them)."""
+    rng = random.Random(seed)
+    hosts: list[HostSnapshot] = []
+    site_number = 0
+    while len(hosts) < size:
+        region = REGIONS[site_number % len(REGIONS)]
+        site = f"{region}-s{site_number}"
+        backbone = rng.choice((12.5, 25.0, 50.0))
+        for f in range(rng.randint(2, 5)):
+            hosts += _fabric(rng, region, site, f"{site}-f{f}", backbone, f"p{rng.randrange(12)}")
+        site_number += 1
+    hosts = hosts[:size]
+    rng.shuffle(hosts)
+    return hosts
+
+
+def _fabric(rng, region: str, site: str, fabric: str, backbone: float, provider: str) -> list[HostSnapshot]:
+    model = rng.choices(list(MODELS), weights=[m[0] for m in MODELS.values()])[0]
+    _, gpus, nvlink, (low, high) = MODELS[model]
+    kind = rng.choices(list(FABRICS), weights=[f[0] for f in FABRICS.values()])[0]
+    price = round(rng.uniform(low, high), 2)
+    pcie = {}
+    if not nvlink:
+        switches = tuple(tuple(range(i, i + 2)) for i in range(0, gpus, 2))
+        pcie = {
+            "nvlink": False,
+            "pcie_switches": switches,
+            "numa_nodes": (tuple(range(gpus // 2)), tuple(range(gpus // 2, gpus))),
+        }
+    free = (tuple(range(gpus)),) if nvlink else tuple((i,) for i in range(gpus))
+    hosts = []
+    for b in range(rng.randint(3, 8)):
+        path = TopologyPath(region, site, fabric, f"{fabric}-b{b}")
+        for h in range(rng.randint(16, 32)):
+            hosts.append(
+                HostSnapshot(
+                    host_id=f"{path.block_id}-h{h}",
+                    provider_id=provider,
+                    gpu_model=model,
+                    free_gpus=free,
+                    total_gpus=gpus,
+                    path=path,
+                    fabric_kind=kind,
+                    fabric_host_gbps=DECLARED_HOST_GBPS[kind],
+                    price_per_gpu_hour=price,
+                    fabric_oversubscription=FABRICS[kind][1],
+                    site_backbone_gbps=backbone,
+                    reliability=round(rng.uniform(0.95, 0.999), 3),
+                    **pcie,
+                )
+            )
+    return hosts
+
+
+@dataclass
+class Job:
+    """One request of the trace and what happened to it under one policy."""
+
+    number: int
+    arrival_s: float
+    duration_s: float
+    request: PlacementRequest
+    remaining_s: float = 0.0
+    queued_since_s: float = 0.0
+    wait_s: float = 0.0
+    placed: bool = False
+    plan: Plan | None = None  # the running plan
+    first_plan: Plan | None = None  # the plan it first started on (what the shares count)
+    end_s: float = math.inf
+    hosts: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+
+
+def generate_trace(hosts: list[HostSnapshot], hours: float, load: float, seed: int) -> list[tuple]:
+    """(arrival_s, duration_s, request) in arrival order, offering `load` of the GPU capacity."""
+    rng = random.Random(seed)
+    capacity = Counter()
+    largest = Counter()
+    for host in hosts:
+        capacity[host.gpu_model] += host.total_gpus
+        largest[host.gpu_model] = max(largest[host.gpu_model], host.total_gpus)
+    shapes = [_shape(rng, largest) for _ in range(20000)]
+    mean_gpus = sum(n * g for n, g, _ in shapes) / len(shapes)
+    mean_duration = MEDIAN_HOURS * 3600 * math.exp(0.5)
+    rate_per_s = load * sum(capacity.values()) / (mean_gpus * mean_duration)
+    models, weights = list(capacity), list(capacity.values())
+    trace, now = [], 0.0
+    while True:
+        now += rng.expovariate(rate_per_s)
+        if now > hours * 3600:
+            return trace
+        model = rng.choices(models, weights=weights)[0]
+        nodes, gpus, parallelism = _shape(rng, {model: largest[model]}, model)
+        duration = min(24 * 3600.0, rng.lognormvariate(math.log(MEDIAN_HOURS * 3600), 1.0))
+        request = PlacementRequest(
+            nodes=nodes,
+            gpus_per_node=gpus,
+            models=(model,),
+            parallelism=parallelism,
+            name=f"job-{len(trace)}",
+        )
+        trace.append((now, duration, request))
+
+
+def _shape(rng, largest: Counter, model: str | None = None) -> tuple[int, int, str]:
+    nodes = _weighted(rng, NODE_COUNTS)
+    gpus = _weighted(rng, SINGLE_GPUS if nodes == 1 else MULTI_GPUS)
+    size = largest[model] if model else min(largest.values())
+    parallelism = "data_parallel" if nodes == 1 else _weighted(rng, PARALLELISM)
+    return nodes, min(gpus, size), parallelism
+
+
+def failures(hosts: list[HostSnapshot], hours: float, seed: int) -> list[tuple[float, float, str]]:
+    """(fail_s, return_s, host_id) for a few hosts."""
+    rng = random.Random(seed + 1)
+    chosen = rng.sample([h.host_id for h in hosts], FAILURES)
+    out = []
+    for host_id in chosen:
+        at = rng.uniform(0, hours * 3600)
+        out.append((at, at + rng.uniform(*DOWN_HOURS) * 3600, host_id))
+    return out
+
+
+class Cluster:
+    """The simulated inventory under one policy: free GPUs per host, hosts up, and for Volt one index
+    kept current by Inventory.update (a down host is indexed with no free GPUs)."""
+
+    def __init__(self, hosts: list[HostSnapshot], policy: str):
+        self.policy = policy
+        self.hosts = {h.host_id: h for h in hosts}
+        self.by_model: dict[str, list[str]] = {}  # listing order per model (first fit walks it)
+        for host in hosts:
+            self.by_model.setdefault(host.gpu_model, []).append(host.host_id)
+        self.down: set[str] = set()
+        self.index = Inventory(hosts) if policy == "volt" else None
+        self.busy = 0
+        self.total = sum(h.total_gpus for h in hosts)
+        self.node_size: dict[str, Counter] = {}  # model -> largest node a host can give -> hosts
+        for host in hosts:
+            self.node_size.setdefault(host.gpu_model, Counter())[_largest_node(host)] += 1
+
+    def _set(self, host: HostSnapshot, free: tuple[tuple[int, ...], ...]) -> None:
+        updated = replace(host, free_gpus=free)
+        self.hosts[host.host_id] = updated
+        if host.host_id not in self.down:
+            sizes = self.node_size[host.gpu_model]
+            sizes[_largest_node(host)] -= 1
+            sizes[_largest_node(updated)] += 1
+            self._index(updated)
+
+    def _index(self, host: HostSnapshot) -> None:
+        if self.index is not None:
+            self.index.update(replace(host, free_gpus=()) if host.host_id in self.down else host)
+
+    def could_fit(self, request: PlacementRequest) -> bool:
+        sizes = self.node_size[request.models[0]]
+        return sum(n for size, n in sizes.items() if size >= request.gpus_per_node) >= request.nodes
+
+    def place(self, request: PlacementRequest) -> Plan | None:
+        if not self.could_fit(request):
+            return None
+        if self.policy == "volt":
+            result = plan(request, self.index, validate_inventory=False)
+        else:
+            listed = [self.hosts[i] for i in self.by_model[request.models[0]] if i not in self.down]
+            result = (first_fit if self.policy == "first_fit" else best_fit)(request, listed)
+        return result if isinstance(result, Plan) else None
+
+    def allocate(self, job: Job) -> None:
+        for node in job.plan.nodes:
+            host = self.hosts[node.host_id]
+            taken = set(node.gpu_indices)
+            self._set(host, tuple(tuple(i for i in d if i not in taken) for d in host.free_gpus))
+            job.hosts.append((node.host_id, node.gpu_indices))
+            self.busy += len(taken)
+
+    def release(self, job: Job) -> None:
+        for host_id, indices in job.hosts:
+            host = self.hosts[host_id]
+            free = {i for d in host.free_gpus for i in d} | set(indices)
+            self._set(host, _domains(host, free))
+            self.busy -= len(indices)
+        job.hosts = []
+
+    def set_down(self, host_id: str, down: bool) -> None:
+        host = self.hosts[host_id]
+        sizes = self.node_size[host.gpu_model]
+        sizes[_largest_node(host)] += -1 if down else 1
+        self.total += -host.total_gpus if down else host.total_gpus
+        (self.down.add if down else self.down.discard)(host_id)
+        self._index(host)
+
+    def stranded(self, gpus: int) -> int:
+        """Free GPUs on up hosts that cannot give a node of `gpus` GPUs."""
+        return sum(
+            h.free_count() for i, h in self.hosts.items() if i not in self.down and node_gpus(h, gpus) is None
+        )
+
+
+def _largest_node(host: HostSnapshot) -> int:
+    if not host.nvlink:
+        return host.free_count()
+    return max((len(d) for d in host.free_gpus), default=0)
+
+
+def _domains(host: HostSnapshot, free: set[int]) -> tuple[tuple[int, ...], ...]:
+    if not host.nvlink:
+        return tuple((i,) for i in sorted(free))
+    return (tuple(sorted(free)),)  # the bench's NVLink hosts have one domain of all their GPUs
+
+
+def simulate(hosts, trace, outages, policy: str, hours: float, median_gpus: int) -> dict:
+    """Replay the trace under `policy`; the figures the module docstring lists."""
+    state = Cluster(hosts, policy)
+    jobs = [
+        Job(n, at, duration, request, remaining_s=duration) for n, (at, duration, request) in enumerate(trace)
+    ]
+    events: list[tuple[float, int, str, int]] = []  # (time, order, kind, job or outage number)
+    for job in jobs:
+        heapq.heappush(events, (job.arrival_s, 1, "arrive", job.number))
+    for number, (fail_at, back_at, _) in enumerate(outages):
+        heapq.heappush(events, (fail_at, 0, "fail", number))
+        heapq.heappush(events, (back_at, 0, "return", number))
+    t = 0.0
+    while t < hours * 3600:
+        t += STRANDED_SAMPLE_S
+        heapq.heappush(events, (t, 2, "sample", 0))
+    queue: list[Job] = []
+    running_on: dict[str, set[int]] = {}
+    busy_area = up_area = 0.0
+    stranded: list[int] = []
+    last = 0.0
+    horizon = hours * 3600
+    started = time.perf_counter()
+    while events:
+        now, _, kind, number = heapq.heappop(events)
+        if now > horizon:
+            break
+        busy_area += state.busy * (now - last)
+        up_area += state.total * (now - last)
+        last = now
+        if kind == "arrive":
+            job = jobs[number]
+            job.queued_since_s = now
+            queue.append(job)
+        elif kind == "end":
+            job = jobs[number]
+            if not job.placed or job.end_s != now:
+                continue  # preempted by a host failure since
+            state.release(job)
+            for node in job.plan.nodes:
+                running_on.get(node.host_id, set()).discard(job.number)
+            job.placed = False
+        elif kind == "fail":
+            host_id = outages[number][2]
+            for victim in list(running_on.get(host_id, ())):
+                _preempt(state, jobs[victim], now, queue, running_on)
+            state.set_down(host_id, True)
+        elif kind == "return":
+            state.set_down(outages[number][2], False)
+        elif kind == "sample":
+            stranded.append(state.stranded(median_gpus))
+            continue
+        _drain(state, queue, now, events, running_on)
+    busy_area += state.busy * (horizon - last)
+    up_area += state.total * (horizon - last)
+    return _figures(policy, jobs, queue, busy_area, up_area, stranded, horizon, time.perf_counter() - started)
+
+
+def _preempt(state: Cluster, job: Job, now: float, queue: list[Job], running_on) -> None:
+    state.release(job)
+    for node in job.plan.nodes:
+        running_on.get(node.host_id, set()).discard(job.number)
+    job.remaining_s = max(0.0, job.end_s - now)
+    job.placed, job.end_s, job.queued_since_s = False, math.inf, now
+    queue.append(job)
+
+
+def _drain(state: Cluster, queue: list[Job], now: float, events, running_on) -> None:
+    """Volt's queue: priority, then FIFO; a request that does not fit is skipped."""
+    still: list[Job] = []
+    for job in queue:
+        result = state.place(job.request)
+        if result is None:
+            still.append(job)
+            continue
+        job.wait_s += now - job.queued_since_s
+        job.plan = result
+        job.first_plan = job.first_plan or result
+        state.allocate(job)
+        for node in result.nodes:
+            running_on.setdefault(node.host_id, set()).add(job.number)
+        job.placed, job.end_s = True, now + job.remaining_s
+        heapq.heappush(events, (job.end_s, 0, "end", job.number))
+    queue[:] = still
+
+
+def _figures(policy, jobs, queue, busy_area, up_area, stranded, horizon, seconds) -> dict:
+    started = [job for job in jobs if job.first_plan is not None]
+    multi = [job.first_plan for job in started if job.request.nodes > 1]
+    waits = [job.wait_s for job in started] + [horizon - job.queued_since_s + job.wait_s for job in queue]
+    busbw = [p.predicted_busbw_gbps for p in multi if p.predicted_busbw_gbps is not None]
+    return {
+        "policy": policy,
+        "requests": len(jobs),
+        "started": len(started),
+        "still_queued": len(queue),
+        "multi_node_plans": len(multi),
+        "in_block_share": round(sum(p.spanned_level == "block" for p in multi) / max(1, len(multi)), 4),
+        "in_fabric_share": round(
+            sum(p.spanned_level in ("block", "fabric") for p in multi) / max(1, len(multi)), 4
+        ),
+        "mean_busbw_gbps": round(sum(busbw) / max(1, len(busbw)), 1),
+        "utilisation": round(busy_area / up_area, 4),
+        "mean_wait_s": round(sum(waits) / max(1, len(waits)), 1),
+        "p95_wait_s": round(percentile(waits, 95), 1),
+        "stranded_gpus": round(sum(stranded) / max(1, len(stranded)), 1),
+        "sim_seconds": round(seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--hosts", type=int, default=10000)
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--load", type=float, default=0.95, help="offered GPU demand / capacity")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    args = parser.parse_args()
+    hosts = generate_inventory(args.hosts, args.seed)
+    trace = generate_trace(hosts, args.hours, args.load, args.seed)
+    outages = failures(hosts, args.hours, args.seed)
+    sizes = sorted(request.nodes * request.gpus_per_node for _, _, request in trace)
+    median = next(r for _, _, r in trace if r.nodes * r.gpus_per_node == sizes[len(sizes) // 2])
+    gpus = sum(h.total_gpus for h in hosts)
+    print(
+        f"{len(hosts)} hosts, {gpus} GPUs; {len(trace)} requests over {args.hours:g} h at load {args.load};"
+    )
+    print(f"median request {median.nodes}x{median.gpus_per_node}; {len(outages)} host failures")
+    results = {}
+    for policy in args.policies.split(","):
+        results[policy] = simulate(hosts, trace, outages, policy, args.hours, median.gpus_per_node)
+        print(f"  {policy}: done in {results[policy]['sim_seconds']} s", flush=True)
+    columns = ["policy", "started", "still_queued", "multi_node_plans", "in_block_share", "in_fabric_share"]
+    columns += ["mean_busbw_gbps", "utilisation", "mean_wait_s", "p95_wait_s", "stranded_gpus"]
+    print_table(list(results.values()), columns)
+    summary = {
+        "bench": "churn",
+        "hosts": len(hosts),
+        "gpus": gpus,
+        "requests": len(trace),
+        "hours": args.hours,
+    }
+    summary["load"] = args.load
+    summary["policies"] = {p: {k: v for k, v in r.items() if k != "policy"} for p, r in results.items()}
+    if "volt" in results:
+        volt = results["volt"]
+        summary["volt_vs"] = {
+            other: {
+                "in_block_ratio": _ratio(volt["in_block_share"], results[other]["in_block_share"]),
+                "utilisation_ratio": _ratio(volt["utilisation"], results[other]["utilisation"]),
+            }
+            for other in results
+            if other != "volt"
+        }
+    emit_json(summary)
+
+
+def _ratio(ours: float, theirs: float) -> float | None:
+    return round(ours / theirs, 3) if theirs else None
+
+
+if __name__ == "__main__":
+    main()
