@@ -85,8 +85,9 @@ def _weighted(rng: random.Random, table) -> object:
     return rng.choices([v for v, _ in table], weights=[w for _, w in table])[0]
 
 
-def generate_inventory(size: int, seed: int) -> list[HostSnapshot]:
-    """`size` hosts in listing order (shuffled, as a marketplace lists them)."""
+def generate_inventory(size: int, seed: int, flat_prices: bool = False) -> list[HostSnapshot]:
+    """`size` hosts in listing order (shuffled, as a marketplace lists them); `flat_prices`: one price
+    per model (every provider asks the middle of the model's range)."""
     rng = random.Random(seed)
     hosts: list[HostSnapshot] = []
     site_number = 0
@@ -95,18 +96,21 @@ def generate_inventory(size: int, seed: int) -> list[HostSnapshot]:
         site = f"{region}-s{site_number}"
         backbone = rng.choice((12.5, 25.0, 50.0))
         for f in range(rng.randint(2, 5)):
-            hosts += _fabric(rng, region, site, f"{site}-f{f}", backbone, f"p{rng.randrange(12)}")
+            hosts += _fabric(
+                rng, region, site, f"{site}-f{f}", backbone, f"p{rng.randrange(12)}", flat_prices
+            )
         site_number += 1
     hosts = hosts[:size]
     rng.shuffle(hosts)
     return hosts
 
 
-def _fabric(rng, region: str, site: str, fabric: str, backbone: float, provider: str) -> list[HostSnapshot]:
+def _fabric(rng, region, site, fabric, backbone, provider, flat_prices) -> list[HostSnapshot]:
     model = rng.choices(list(MODELS), weights=[m[0] for m in MODELS.values()])[0]
     _, gpus, nvlink, (low, high) = MODELS[model]
     kind = rng.choices(list(FABRICS), weights=[f[0] for f in FABRICS.values()])[0]
     price = round(rng.uniform(low, high), 2)
+    price = round((low + high) / 2, 2) if flat_prices else price
     pcie = {}
     if not nvlink:
         switches = tuple(tuple(range(i, i + 2)) for i in range(0, gpus, 2))
@@ -415,8 +419,9 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.95, help="offered GPU demand / capacity")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--flat-prices", action="store_true", help="one price per model, every provider")
     args = parser.parse_args()
-    hosts = generate_inventory(args.hosts, args.seed)
+    hosts = generate_inventory(args.hosts, args.seed, args.flat_prices)
     trace = generate_trace(hosts, args.hours, args.load, args.seed)
     outages = failures(hosts, args.hours, args.seed)
     sizes = sorted(request.nodes * request.gpus_per_node for _, _, request in trace)
@@ -440,7 +445,7 @@ def main() -> None:
         "requests": len(trace),
         "hours": args.hours,
     }
-    summary["load"] = args.load
+    summary["load"], summary["flat_prices"] = args.load, args.flat_prices
     summary["policies"] = {p: {k: v for k, v in r.items() if k != "policy"} for p, r in results.items()}
     if "volt" in results:
         volt = results["volt"]
