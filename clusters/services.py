@@ -392,8 +392,16 @@ def place_cluster(cluster_id: int) -> Cluster:
         return cluster
     try:
         transitions.transition(cluster, S.PLACING, "placement started")
-    except IllegalTransition:
-        return Cluster.objects.get(pk=cluster_id)  # another worker got there first
+        return _place_placing(cluster)
+    except IllegalTransition as exc:
+        # Another worker got there first, or the cluster was terminated while it was being placed: the
+        # row moved on, so this task's work is over (allocate() rolled back anything it wrote).
+        logger.info("cluster %s: placement ends, the cluster is %s (%s)", cluster_id, exc.current, exc)
+        return Cluster.objects.get(pk=cluster_id)
+
+
+def _place_placing(cluster: Cluster) -> Cluster:
+    """Plan and allocate a PLACING cluster, or queue or fail it. IllegalTransition if it moved meanwhile."""
     try:
         request = validate_spec(cluster.spec)
     except InvalidSpec as exc:
