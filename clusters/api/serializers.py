@@ -5,6 +5,7 @@ from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyL
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
 from voltweb import services as accounts
+from voltweb.api.fields import StrictCharField, StrictIntegerField, StrictSlugField
 from voltweb.models import Team
 
 # Which field an engine message is about, so a 400 points at what to change.
@@ -17,6 +18,7 @@ _FIELD_HINTS = (
     ("topology", "topology_level"),
     ("price", "max_price_per_gpu_hour"),
     ("parallelism", "parallelism"),
+    ("region", "regions"),
 )
 
 
@@ -31,18 +33,18 @@ def problems_by_field(problems) -> dict[str, list[str]]:
 class ClusterSpecSerializer(serializers.Serializer):
     """What a researcher asks for. Every field but nodes, gpus_per_node and gpu_models has a default."""
 
-    name = serializers.SlugField(max_length=100, required=False, default="cluster")
+    name = StrictSlugField(max_length=100, required=False, default="cluster")
     team = serializers.SlugRelatedField(
         slug_field="slug",
         queryset=Team.objects.all(),
         required=False,
         help_text="Your team's slug; optional when you belong to one team.",
     )
-    priority = serializers.IntegerField(min_value=-100, max_value=100, default=0)
-    nodes = serializers.IntegerField(min_value=1, max_value=1024)
-    gpus_per_node = serializers.IntegerField(min_value=1, max_value=16)
+    priority = StrictIntegerField(min_value=-100, max_value=100, default=0)
+    nodes = StrictIntegerField(min_value=1, max_value=1024)
+    gpus_per_node = StrictIntegerField(min_value=1, max_value=16)
     gpu_models = serializers.ListField(
-        child=serializers.CharField(max_length=50),
+        child=StrictCharField(max_length=50),
         min_length=1,
         max_length=8,
         help_text='e.g. ["H100"] or ["H100", "A100"]',
@@ -56,12 +58,12 @@ class ClusterSpecSerializer(serializers.Serializer):
         choices=TopologyLevel.choices, required=False, allow_null=True, default=None
     )
     topology_mode = serializers.ChoiceField(choices=ConstraintMode.choices, default=ConstraintMode.ANY)
-    regions = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
+    regions = serializers.ListField(child=StrictCharField(max_length=50), required=False, default=list)
     max_price_per_gpu_hour = serializers.DecimalField(
         max_digits=8, decimal_places=2, required=False, allow_null=True, min_value=0, default=None
     )
     parallelism = serializers.ChoiceField(choices=Parallelism.choices, default=Parallelism.DATA_PARALLEL)
-    pipeline_stages = serializers.IntegerField(min_value=0, max_value=1024, default=0)
+    pipeline_stages = StrictIntegerField(min_value=0, max_value=1024, default=0)
 
     def validate_team(self, team):
         user = self.context["request"].user
