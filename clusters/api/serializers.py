@@ -5,7 +5,7 @@ from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyL
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
 from voltweb import services as accounts
-from voltweb.api.fields import StrictCharField, StrictIntegerField, StrictSlugField
+from voltweb.api.fields import ScopedSlugRelatedField, StrictCharField, StrictIntegerField, StrictSlugField
 from voltweb.models import Team
 
 # Which field an engine message is about, so a 400 points at what to change.
@@ -34,7 +34,9 @@ class ClusterSpecSerializer(serializers.Serializer):
     """What a researcher asks for. Every field but nodes, gpus_per_node and gpu_models has a default."""
 
     name = StrictSlugField(max_length=100, required=False, default="cluster")
-    team = serializers.SlugRelatedField(
+    team = ScopedSlugRelatedField(
+        scope=accounts.teams_of,
+        noun="team",
         slug_field="slug",
         queryset=Team.objects.all(),
         required=False,
@@ -64,12 +66,6 @@ class ClusterSpecSerializer(serializers.Serializer):
     )
     parallelism = serializers.ChoiceField(choices=Parallelism.choices, default=Parallelism.DATA_PARALLEL)
     pipeline_stages = StrictIntegerField(min_value=0, max_value=1024, default=0)
-
-    def validate_team(self, team):
-        user = self.context["request"].user
-        if not accounts.teams_of(user).filter(pk=team.pk).exists():
-            raise serializers.ValidationError("You are not a member of this team.")
-        return team
 
     def validate(self, attrs):
         user = self.context["request"].user

@@ -2,10 +2,12 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from inventory import services
 from inventory.choices import DriverKind, FabricKind
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, Site
 from inventory.services import HostRequest
+from voltweb.api.fields import ScopedPrimaryKeyRelatedField, ScopedSlugRelatedField
 
 
 class ProviderSerializer(serializers.ModelSerializer):
@@ -27,8 +29,14 @@ class BlockSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "fabric"]
 
 
+def _provider_field() -> ScopedSlugRelatedField:
+    return ScopedSlugRelatedField(
+        scope=services.managed_providers, noun="provider", slug_field="slug", queryset=Provider.objects.all()
+    )
+
+
 class FabricSerializer(serializers.ModelSerializer):
-    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    provider = _provider_field()
     blocks = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     block_names = serializers.ListField(
         child=serializers.CharField(max_length=100),
@@ -113,9 +121,11 @@ class LocalSpecSerializer(serializers.Serializer):
 class HostCreateSerializer(serializers.Serializer):
     """Adding a host: name, where it sits (block), how to reach it, and its price."""
 
-    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    provider = _provider_field()
     name = serializers.SlugField(max_length=100)
-    block = serializers.PrimaryKeyRelatedField(queryset=Block.objects.select_related("fabric__site"))
+    block = ScopedPrimaryKeyRelatedField(
+        scope=services.managed_blocks, noun="block", queryset=Block.objects.select_related("fabric__site")
+    )
     driver = serializers.ChoiceField(choices=DriverKind.choices)
     price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=2, min_value=Decimal("0"))
     address = serializers.CharField(max_length=255, required=False, allow_blank=True)

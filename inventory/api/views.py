@@ -145,7 +145,7 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=s.HostCreateSerializer, responses={202: s.HostDetailSerializer, **ERRORS})
     def create(self, request, *args, **kwargs):
-        serializer = s.HostCreateSerializer(data=request.data)
+        serializer = s.HostCreateSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         provider = serializer.validated_data["provider"]
         if not services.can_manage_provider(request.user, provider):
