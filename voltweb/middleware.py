@@ -12,7 +12,9 @@ import secrets
 from urllib.parse import unquote_to_bytes
 
 from django.conf import settings
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.template.loader import render_to_string
 
 API_PREFIX = "/api/"
@@ -44,7 +46,10 @@ def input_problem(request: HttpRequest) -> str | None:
     if int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
         return f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
     if request.method == "POST" and request.content_type in _FORM_TYPES:
-        values = [v for _, vs in request.POST.lists() for v in vs] + list(request.POST.keys())
+        try:
+            values = [v for _, vs in request.POST.lists() for v in vs] + list(request.POST.keys())
+        except (MultiPartParserError, BadRequest, SuspiciousOperation) as exc:
+            return f"The form body could not be parsed: {exc}"
         if any("\x00" in v for v in values if isinstance(v, str)):
             return "A form field contains a NUL byte; remove it."
     return None

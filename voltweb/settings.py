@@ -215,11 +215,13 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "voltweb.api.errors.exception_handler",
+    # JSON (and plain forms for the browsable API). No multipart: the API takes no files, and daphne's
+    # Twisted answers a malformed multipart body with a bare, body-less 400 before Django sees it.
     "DEFAULT_PARSER_CLASSES": [
         "voltweb.api.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
     ],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
@@ -237,6 +239,10 @@ SPECTACULAR_SETTINGS = {
         "HostEventKindEnum": "inventory.choices.HostEventKind",
         "ConstraintModeEnum": "clusters.choices.ConstraintMode",
     },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "voltweb.api.schema.add_error_responses",
+    ],
     "SWAGGER_UI_DIST": "SIDECAR",  # served by the app: no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
@@ -27,4 +27,6 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    # Last: any other /api/ URL answers the API's JSON 404, not an HTML page.
+    re_path(r"^api/", views.api_not_found, name="api-not-found"),
 ]

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from clusters import services
-from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyLevel
+from clusters.choices import ConstraintMode, FailureReason, ModelPolicy, Parallelism, TopologyLevel
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
 from voltweb import services as accounts
@@ -100,7 +100,8 @@ class ClusterNodeSerializer(serializers.ModelSerializer):
 
 class ClusterSerializer(serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    failure_reason = serializers.ChoiceField(choices=FailureReason.choices, allow_blank=True, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True)
     queue_position = serializers.SerializerMethodField()
     nodes = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()

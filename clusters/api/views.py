@@ -16,7 +16,6 @@ from voltweb.statemachine import IllegalTransition
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
 
 
-@extend_schema(responses=ERRORS)
 class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Your teams' clusters. POST requests one: placement runs in the background (202)."""
 

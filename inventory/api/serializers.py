@@ -1,16 +1,28 @@
 from decimal import Decimal
 
+from django.core.validators import EmailValidator
 from rest_framework import serializers
 
 from inventory import services
-from inventory.choices import DriverKind, FabricKind
+from inventory.choices import DriverKind, FabricKind, OnboardingError
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, Site
 from inventory.services import HostRequest
 from voltweb.api.fields import ScopedPrimaryKeyRelatedField, ScopedSlugRelatedField
 
 
+def _email_or_blank(value: str) -> None:
+    """An email address, or nothing (a plain function: the schema must not say `format: email`)."""
+    if value:
+        EmailValidator()(value)
+
+
 class ProviderSerializer(serializers.ModelSerializer):
+    # Optional: "" when not given, which an OpenAPI `format: email` string would not allow.
+    contact_email = serializers.CharField(
+        required=False, allow_blank=True, max_length=254, validators=[_email_or_blank]
+    )
+
     class Meta:
         model = Provider
         fields = ["id", "name", "slug", "status", "contact_email", "created_at", "reviewed_at"]
@@ -95,6 +107,9 @@ class HostSerializer(serializers.ModelSerializer):
 
 
 class HostDetailSerializer(HostSerializer):
+    # "" while the host has no error: the schema must allow the blank besides the codes.
+    error_code = serializers.ChoiceField(choices=OnboardingError.choices, allow_blank=True, read_only=True)
+
     class Meta(HostSerializer.Meta):
         fields = HostSerializer.Meta.fields + [
             "driver",
@@ -155,7 +170,7 @@ class HostActionSerializer(serializers.Serializer):
 
 
 class HostEventSerializer(serializers.ModelSerializer):
-    actor = serializers.CharField(source="actor.username", default=None, read_only=True)
+    actor = serializers.CharField(source="actor.username", default=None, read_only=True, allow_null=True)
 
     class Meta:
         model = HostEvent
