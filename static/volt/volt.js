@@ -6,3 +6,15 @@ document.addEventListener("click", (event) => {
     event.preventDefault();
   }
 });
+
+// A page still changing state carries <span hidden data-refresh-after-ms="N">: reload it after N ms.
+// Static, not an inline script: a page that htmx swaps in (hx-target="body") brings a nonce the
+// current page's Content-Security-Policy does not know, so its inline scripts would be blocked.
+function scheduleRefresh() {
+  const marker = document.querySelector("[data-refresh-after-ms]");
+  if (marker && !window.voltRefreshTimer) {
+    window.voltRefreshTimer = setTimeout(() => location.reload(), Number(marker.dataset.refreshAfterMs));
+  }
+}
+document.addEventListener("DOMContentLoaded", scheduleRefresh);
+document.addEventListener("htmx:afterSettle", scheduleRefresh);

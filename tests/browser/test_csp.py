@@ -34,6 +34,7 @@ def test_console_pages_run_under_the_content_security_policy(page, login):
     expect(page.locator("#preview-busbw")).not_to_be_empty(timeout=15_000)  # htmx loaded the preview
     assert violations(page) == []
 
+    page.get_by_role("button", name="Sign out").click()
     login("priya")
     page.goto("/inventory/hosts/")
     page.locator("#hosts-table tbody tr td:first-child a").first.click()
