@@ -92,9 +92,7 @@ def test_terminate_button_hands_the_host_work_to_a_worker(client, alice, rack, c
     # the request's commit would send the task: run it as the worker would
     assert terminate_cluster_task.apply(args=(cluster.pk,)).get() == "terminated"
     assert not cluster.allocations.filter(active=True).exists()
-    assert (
-        "Ray processes stopped and GPUs released" in client.get(f"/clusters/{cluster.pk}/").content.decode()
-    )
+    assert "Ray processes stopped and GPUs released" in client.get(f"/clusters/{cluster.pk}/").content.decode()
 
 
 def test_other_team_cannot_open_cluster_page(client, alice, bob, rack, committed):
