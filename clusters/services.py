@@ -24,7 +24,7 @@ from clusters import placement, transitions
 from clusters.choices import HOLDS_GPUS, LIVE, ClusterStatus, FailureReason
 from clusters.models import Allocation, BandwidthSample, Cluster, ClusterNode
 from inventory import services as inventory
-from inventory.choices import HostState
+from inventory.choices import HostState, ProviderStatus
 from inventory.models import GPU, Block, Fabric, Host, Site
 from voltweb import services as accounts
 from voltweb.models import Team
@@ -216,26 +216,44 @@ def validate_spec(spec: dict) -> placement.PlacementRequest:
 
 
 def _model_stats() -> dict[str, dict]:
-    """Per GPU model over every host that exists: the largest node one host can give (its largest NVLink
-    domain; every GPU on a host without NVLink), and hosts per such node size."""
-    live = Host.objects.exclude(state__in=[HostState.RETIRED, HostState.FAILED]).exclude(gpu_model="")
+    """Over every host that exists at an approved provider (whatever its state, short of gone): per GPU
+    model the host count, the largest node one host can give (its largest NVLink domain; every GPU on a
+    host without NVLink) and hosts per such node size; and the regions and fabric kinds found.
+    (Unapproved providers' hosts are nobody's to request, nor to hint at.)"""
+    live = (
+        Host.objects.exclude(state__in=[HostState.RETIRED, HostState.FAILED])
+        .exclude(gpu_model="")
+        .filter(provider__status=ProviderStatus.APPROVED)
+    )
     node_size = Case(When(nvlink_domain_size__gt=1, then=F("nvlink_domain_size")), default=F("gpu_count"))
-    stats: dict[str, dict] = {}
-    rows = live.annotate(node_size=node_size).values("gpu_model", "node_size").annotate(hosts=Count("id"))
+    stats: dict[str, dict] = {"models": {}, "regions": set(), "kinds": set()}
+    rows = (
+        live.annotate(node_size=node_size)
+        .values("gpu_model", "node_size", "site__region", "fabric__kind")
+        .annotate(hosts=Count("id"))
+    )
     for row in rows:
-        entry = stats.setdefault(row["gpu_model"], {"largest": 0, "by_domain": {}})
-        entry["largest"] = max(entry["largest"], row["node_size"])
-        entry["by_domain"][row["node_size"]] = row["hosts"]
+        entry = stats["models"].setdefault(row["gpu_model"], {"largest": 0, "by_domain": {}})
+        size = row["node_size"]
+        entry["largest"] = max(entry["largest"], size)
+        entry["by_domain"][size] = entry["by_domain"].get(size, 0) + row["hosts"]
+        stats["regions"].add(row["site__region"])
+        stats["kinds"].add(row["fabric__kind"])
     return stats
 
 
 def _inventory_problems(request: placement.PlacementRequest) -> list[str]:
     """Compare with every host that exists (whatever its state): could this request ever be met?"""
-    stats = cache.get_or_set(f"clusters:model-stats:{inventory.capacity_version()}", _model_stats, 300)
+    key = f"clusters:inventory-stats:{inventory.capacity_version()}"
+    inventory_stats = cache.get_or_set(key, _model_stats, 300)
+    stats = inventory_stats["models"]
     offered = ", ".join(sorted(stats)) or "no GPUs yet"
     unknown = [m for m in request.models if m not in stats]
     if unknown:
         return [f"unknown GPU model {m!r}; the inventory offers {offered}" for m in unknown]
+    problems = _never_offered(request, inventory_stats)
+    if problems:
+        return problems
     asked = request.gpus_per_node
     if all(stats[m]["largest"] < asked for m in request.models):
         return [
@@ -255,11 +273,49 @@ def _inventory_problems(request: placement.PlacementRequest) -> list[str]:
     return []
 
 
+def _never_offered(request: placement.PlacementRequest, inventory_stats: dict) -> list[str]:
+    """Regions and required interconnects that no host of the inventory has: such a request could only
+    wait in the queue forever."""
+    problems = []
+    regions = sorted(inventory_stats["regions"])
+    for region in request.regions:
+        if region not in inventory_stats["regions"]:
+            problems.append(f"unknown region {region!r}; the inventory has hosts in {', '.join(regions)}")
+    if request.interconnect_mode == "required" and request.interconnect:
+        if not request.interconnect_kinds() & inventory_stats["kinds"]:
+            kinds = ", ".join(sorted(inventory_stats["kinds"]))
+            asked = ", ".join(request.interconnect)
+            problems.append(f"no fabric offers the required interconnect {asked}; the inventory has {kinds}")
+    return problems
+
+
 # --- preview and placement ---------------------------------------------------------------------------
 
 
-def preview(spec: dict) -> placement.Plan | placement.Refusal:
-    """Plan `spec` against free capacity now, without allocating anything."""
+class NoTeam(PermissionError):
+    """The caller belongs to no team, so there is nothing they could request a cluster with."""
+
+    def __init__(self):
+        super().__init__(
+            "Placement previews are for team members: join a team (or ask its admin to add you) to "
+            "request clusters."
+        )
+
+
+def may_request_clusters(user: AbstractBaseUser) -> bool:
+    """Team members and platform admins may request clusters (and so preview their placement)."""
+    return accounts.is_platform_admin(user) or accounts.teams_of(user).exists()
+
+
+def preview(spec: dict, user: AbstractBaseUser) -> placement.Plan | placement.Refusal:
+    """Plan `spec` for `user` against free capacity now, without allocating anything.
+
+    Plans only over what the caller may request with: offerable hosts (available, approved provider),
+    which is exactly what the hosts API shows a team member; a caller with no team gets NoTeam instead
+    of a plan naming hosts they may not see.
+    """
+    if not may_request_clusters(user):
+        raise NoTeam()
     request = validate_spec(spec)
     return _plan(request)
 
@@ -419,8 +475,16 @@ def place_cluster(cluster_id: int) -> Cluster:
         return cluster
     try:
         transitions.transition(cluster, S.PLACING, "placement started")
-    except IllegalTransition:
-        return Cluster.objects.get(pk=cluster_id)  # another worker got there first
+        return _place_placing(cluster)
+    except IllegalTransition as exc:
+        # Another worker got there first, or the cluster was terminated while it was being placed: the
+        # row moved on, so this task's work is over (allocate() rolled back anything it wrote).
+        logger.info("cluster %s: placement ends, the cluster is %s (%s)", cluster_id, exc.current, exc)
+        return Cluster.objects.get(pk=cluster_id)
+
+
+def _place_placing(cluster: Cluster) -> Cluster:
+    """Plan and allocate a PLACING cluster, or queue or fail it. IllegalTransition if it moved meanwhile."""
     try:
         request = validate_spec(cluster.spec)
     except InvalidSpec as exc:

@@ -56,11 +56,14 @@ def cluster_preview(request):
     """The live preview panel (htmx): the plan placement would make now, or why nothing fits."""
     form = ClusterForm(request.POST, teams=list(accounts.teams_of(request.user)))
     result, problems = None, []
-    if form.is_valid():
+    if not services.may_request_clusters(request.user):
+        problems = [str(services.NoTeam())]
+    elif form.is_valid():
         serializer = _spec_serializer(request, form, needs_team=False)
         if not serializer.errors:
-            result = services.plan_as_json(services.preview(serializer.spec(serializer.validated_data)))
-    if result is None:
+            result = services.preview(serializer.spec(serializer.validated_data), request.user)
+            result = services.plan_as_json(result)
+    if result is None and not problems:
         problems = [e for errors in form.errors.values() for e in errors]
     return render(
         request,

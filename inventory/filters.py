@@ -1,6 +1,7 @@
 """Filters shared by the host/GPU/offer API endpoints and the console's inventory pages."""
 
 import django_filters
+from django import forms
 from django.db.models import Q
 
 from inventory.choices import INTERCONNECT_FAMILIES, FabricKind, GpuHealth, HostState
@@ -32,6 +33,20 @@ def filter_model(queryset, name, value):
 
 _MODEL_HELP = 'A family ("A100": every memory size) or a precise model ("A100-80GB", "H100-SXM").'
 
+MAX_ID = 2**63 - 1  # bigint: a larger id overflows the database driver (a 500 before)
+MAX_PRICE = 99999  # price_per_gpu_hour has 8 digits, 2 of them decimals
+
+
+class IdFilter(django_filters.NumberFilter):
+    """A database id: a whole number within bigint, else a 400."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(*args, **kwargs)
+
 
 class HostFilter(django_filters.FilterSet):
     model = django_filters.CharFilter(
@@ -47,10 +62,14 @@ class HostFilter(django_filters.FilterSet):
         help_text="A family (infiniband, roce, ethernet) or a fabric kind (ib_ndr, eth_100g, ...).",
     )
     min_free_gpus = django_filters.NumberFilter(
-        field_name="free_gpus", lookup_expr="gte", min_value=0, label="Min free GPUs"
+        field_name="free_gpus", lookup_expr="gte", min_value=0, max_value=1024, label="Min free GPUs"
     )
     max_price = django_filters.NumberFilter(
-        field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0, label="Max $ / GPU-hour"
+        field_name="price_per_gpu_hour",
+        lookup_expr="lte",
+        min_value=0,
+        max_value=MAX_PRICE,
+        label="Max $ / GPU-hour",
     )
     state = django_filters.ChoiceFilter(choices=HostState.choices, label="State", empty_label="Any")
     provider = django_filters.CharFilter(field_name="provider__slug")
@@ -89,10 +108,18 @@ class OfferFilter(django_filters.FilterSet):
         choices=INTERCONNECT_CHOICES, method="filter_interconnect", label="Interconnect", empty_label="Any"
     )
     min_free_gpus = django_filters.NumberFilter(
-        field_name="free_gpus", lookup_expr="gte", min_value=0, label="Min free GPUs on a host"
+        field_name="free_gpus",
+        lookup_expr="gte",
+        min_value=0,
+        max_value=1024,
+        label="Min free GPUs on a host",
     )
     max_price = django_filters.NumberFilter(
-        field_name="price_per_gpu_hour", lookup_expr="lte", min_value=0, label="Max $ / GPU-hour"
+        field_name="price_per_gpu_hour",
+        lookup_expr="lte",
+        min_value=0,
+        max_value=MAX_PRICE,
+        label="Max $ / GPU-hour",
     )
 
     class Meta:
@@ -104,7 +131,7 @@ class OfferFilter(django_filters.FilterSet):
 
 
 class GpuFilter(django_filters.FilterSet):
-    host = django_filters.NumberFilter(field_name="host_id")
+    host = IdFilter(field_name="host_id")
     model = django_filters.CharFilter(field_name="model", method=filter_model, help_text=_MODEL_HELP)
     region = django_filters.CharFilter(field_name="host__site__region", lookup_expr="iexact")
     interconnect = django_filters.ChoiceFilter(choices=INTERCONNECT_CHOICES, method="filter_interconnect")

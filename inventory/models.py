@@ -90,7 +90,13 @@ class Fabric(models.Model):
 
     class Meta:
         ordering = ["site__name", "name"]
-        constraints = [models.UniqueConstraint(fields=["site", "name"], name="fabric_unique_name_per_site")]
+        # Per provider: two providers may each name a fabric "ib0" in a shared data center, and neither
+        # learns of the other's fabrics from an error.
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "site", "name"], name="fabric_unique_name_per_provider_site"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.get_kind_display()})"
@@ -171,10 +177,17 @@ class Host(models.Model):
         ordering = ["provider__name", "name"]
         constraints = [
             models.UniqueConstraint(fields=["provider", "name"], name="host_unique_name_per_provider"),
+            # Per provider: a global rule would tell one provider that another has a host at an address.
             models.UniqueConstraint(
-                fields=["driver", "address", "ssh_port"],
-                name="host_unique_address",
+                fields=["provider", "driver", "address", "ssh_port"],
+                name="host_unique_address_per_provider",
                 condition=~models.Q(state=HostState.RETIRED),
+            ),
+            # A local host's loopback address is this machine's: Volt assigns it, one host per address.
+            models.UniqueConstraint(
+                fields=["address"],
+                name="local_host_unique_address",
+                condition=models.Q(driver="local") & ~models.Q(state=HostState.RETIRED),
             ),
             models.CheckConstraint(
                 condition=models.Q(free_gpus__lte=models.F("gpu_count")), name="host_free_le_total"

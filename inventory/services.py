@@ -55,6 +55,18 @@ def managed_provider_ids(user: AbstractBaseUser) -> set[int]:
     return set(ProviderMembership.objects.filter(user=user).values_list("provider_id", flat=True))
 
 
+def managed_providers(user: AbstractBaseUser) -> QuerySet[Provider]:
+    """Providers `user` acts for: their own; platform admins: all."""
+    if is_platform_admin(user):
+        return Provider.objects.all()
+    return Provider.objects.filter(pk__in=managed_provider_ids(user))
+
+
+def managed_blocks(user: AbstractBaseUser) -> QuerySet[Block]:
+    """Blocks of the fabrics of the providers `user` acts for (where they may add hosts)."""
+    return Block.objects.filter(fabric__provider__in=managed_providers(user)).select_related("fabric__site")
+
+
 def can_manage_provider(user: AbstractBaseUser, provider: Provider) -> bool:
     return is_platform_admin(user) or provider.pk in managed_provider_ids(user)
 
@@ -147,17 +159,15 @@ def create_fabric(
 ) -> Fabric:
     with transaction.atomic():
         fabric, _ = Fabric.objects.get_or_create(
+            provider=provider,
             site=site,
             name=name,
             defaults={
-                "provider": provider,
                 "kind": kind,
                 "per_host_gbytes_per_s": per_host_gbytes_per_s or 0,
                 "oversubscription": oversubscription,
             },
         )
-        if fabric.provider_id != provider.pk:
-            raise ValidationError({"name": f"Fabric {name!r} in {site.name} belongs to another provider."})
         for block_name in blocks or []:
             Block.objects.get_or_create(fabric=fabric, name=block_name)
     return fabric
@@ -242,9 +252,9 @@ def add_host(
                 create_sandbox(sandbox_path(host), host.local_spec, request.local_faults)
             if queue:
                 _queue_onboarding(host)
-    except IntegrityError as exc:
+    except IntegrityError:
         raise ValidationError(
-            {"name": f"A host with this name or address already exists ({exc.__class__.__name__})."}
+            {"name": "One of your hosts already has this name or address; pick another."}
         ) from None
     return host
 
@@ -255,6 +265,8 @@ def _validate_host_request(provider: Provider, request: HostRequest) -> None:
         errors["block"] = "This block's fabric belongs to another provider; pick one of your own fabrics."
     if Host.objects.filter(provider=provider, name=request.name).exists():
         errors["name"] = f"You already have a host named {request.name!r}."
+    elif request.driver == DriverKind.SSH and _own_host_at(provider, request):
+        errors["address"] = f"You already have a host at {request.address.strip()}:{request.ssh_port}."
     if request.driver == DriverKind.SSH:
         if not request.address:
             errors["address"] = "SSH hosts need an address (IP or DNS name)."
@@ -283,6 +295,14 @@ def _local_spec(request: HostRequest) -> dict:
     spec = dict(request.local_spec or {})
     spec.setdefault("seed", f"{request.name}-{timezone.now().timestamp()}")
     return spec
+
+
+def _own_host_at(provider: Provider, request: HostRequest) -> bool:
+    """Whether `provider` (only it: other providers' hosts are none of its business) has a live host there."""
+    same = Host.objects.filter(
+        provider=provider, driver=request.driver, address=request.address.strip(), ssh_port=request.ssh_port
+    )
+    return same.exclude(state=HostState.RETIRED).exists()
 
 
 def _address_for(request: HostRequest) -> str:

@@ -1,5 +1,10 @@
-"""Websocket routes of every app, gathered in one list."""
+"""Websocket routes of every app, gathered in one list; an unknown path ends in a clean 4404 close."""
+
+from django.urls import re_path
 
 from inventory.routing import websocket_urlpatterns as inventory_ws
+from voltweb.consumers import NotFoundConsumer
 
-websocket_urlpatterns = [*inventory_ws]
+app_websocket_urlpatterns = [*inventory_ws]
+
+websocket_urlpatterns = [*app_websocket_urlpatterns, re_path(r"", NotFoundConsumer.as_asgi())]

@@ -53,7 +53,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "voltweb.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "voltweb.middleware.InputGuardMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -135,6 +137,8 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Largest request body (bytes): Django's form parsing and the API's JSON parser both refuse more (400).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 256 * 1024, minimum=1024)
 SILENCED_SYSTEM_CHECKS = env_list("SILENCED_SYSTEM_CHECKS", [])
 
 # Fernet key for secrets at rest (SSH private keys). Derived from SECRET_KEY unless set explicitly.
@@ -211,6 +215,13 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "voltweb.api.errors.exception_handler",
+    # JSON (and plain forms for the browsable API). No multipart: the API takes no files, and daphne's
+    # Twisted answers a malformed multipart body with a bare, body-less 400 before Django sees it.
+    "DEFAULT_PARSER_CLASSES": [
+        "voltweb.api.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+    ],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
@@ -228,6 +239,10 @@ SPECTACULAR_SETTINGS = {
         "HostEventKindEnum": "inventory.choices.HostEventKind",
         "ConstraintModeEnum": "clusters.choices.ConstraintMode",
     },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "voltweb.api.schema.add_error_responses",
+    ],
     "SWAGGER_UI_DIST": "SIDECAR",  # served by the app: no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

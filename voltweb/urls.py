@@ -1,8 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 from voltweb import views
 
@@ -23,8 +23,10 @@ urlpatterns = [
     path("clusters/", include("clusters.urls")),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    # Last: any other /api/ URL answers the API's JSON 404, not an HTML page.
+    re_path(r"^api/", views.api_not_found, name="api-not-found"),
 ]

@@ -5,6 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from voltweb import services
@@ -42,3 +43,10 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+@csrf_exempt  # a 404 for every method: a session cookie without a CSRF token must not turn it into a 403
+def api_not_found(request, *args, **kwargs):
+    """Any /api/ URL no route matches: the API's one error shape, whatever the method or credentials."""
+    message = "No such API endpoint; see /api/docs/ for the list."
+    return JsonResponse({"error": {"code": "not_found", "message": message}}, status=404)

@@ -1,10 +1,11 @@
 from rest_framework import serializers
 
 from clusters import services
-from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyLevel
+from clusters.choices import ConstraintMode, FailureReason, ModelPolicy, Parallelism, TopologyLevel
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
 from voltweb import services as accounts
+from voltweb.api.fields import ScopedSlugRelatedField, StrictCharField, StrictIntegerField, StrictSlugField
 from voltweb.models import Team
 
 # Which field an engine message is about, so a 400 points at what to change.
@@ -17,6 +18,7 @@ _FIELD_HINTS = (
     ("topology", "topology_level"),
     ("price", "max_price_per_gpu_hour"),
     ("parallelism", "parallelism"),
+    ("region", "regions"),
 )
 
 
@@ -31,18 +33,20 @@ def problems_by_field(problems) -> dict[str, list[str]]:
 class ClusterSpecSerializer(serializers.Serializer):
     """What a researcher asks for. Every field but nodes, gpus_per_node and gpu_models has a default."""
 
-    name = serializers.SlugField(max_length=100, required=False, default="cluster")
-    team = serializers.SlugRelatedField(
+    name = StrictSlugField(max_length=100, required=False, default="cluster")
+    team = ScopedSlugRelatedField(
+        scope=accounts.teams_of,
+        noun="team",
         slug_field="slug",
         queryset=Team.objects.all(),
         required=False,
         help_text="Your team's slug; optional when you belong to one team.",
     )
-    priority = serializers.IntegerField(min_value=-100, max_value=100, default=0)
-    nodes = serializers.IntegerField(min_value=1, max_value=1024)
-    gpus_per_node = serializers.IntegerField(min_value=1, max_value=16)
+    priority = StrictIntegerField(min_value=-100, max_value=100, default=0)
+    nodes = StrictIntegerField(min_value=1, max_value=1024)
+    gpus_per_node = StrictIntegerField(min_value=1, max_value=16)
     gpu_models = serializers.ListField(
-        child=serializers.CharField(max_length=50),
+        child=StrictCharField(max_length=50),
         min_length=1,
         max_length=8,
         help_text='e.g. ["H100"] or ["H100", "A100"]',
@@ -56,18 +60,12 @@ class ClusterSpecSerializer(serializers.Serializer):
         choices=TopologyLevel.choices, required=False, allow_null=True, default=None
     )
     topology_mode = serializers.ChoiceField(choices=ConstraintMode.choices, default=ConstraintMode.ANY)
-    regions = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
+    regions = serializers.ListField(child=StrictCharField(max_length=50), required=False, default=list)
     max_price_per_gpu_hour = serializers.DecimalField(
         max_digits=8, decimal_places=2, required=False, allow_null=True, min_value=0, default=None
     )
     parallelism = serializers.ChoiceField(choices=Parallelism.choices, default=Parallelism.DATA_PARALLEL)
-    pipeline_stages = serializers.IntegerField(min_value=0, max_value=1024, default=0)
-
-    def validate_team(self, team):
-        user = self.context["request"].user
-        if not accounts.teams_of(user).filter(pk=team.pk).exists():
-            raise serializers.ValidationError("You are not a member of this team.")
-        return team
+    pipeline_stages = StrictIntegerField(min_value=0, max_value=1024, default=0)
 
     def validate(self, attrs):
         user = self.context["request"].user
@@ -102,7 +100,8 @@ class ClusterNodeSerializer(serializers.ModelSerializer):
 
 class ClusterSerializer(serializers.ModelSerializer):
     team = serializers.CharField(source="team.slug")
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    failure_reason = serializers.ChoiceField(choices=FailureReason.choices, allow_blank=True, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True)
     queue_position = serializers.SerializerMethodField()
     nodes = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()

@@ -1,9 +1,10 @@
 from django.urls import path
-from rest_framework.routers import DefaultRouter
 
 from clusters.api import views
+from voltweb.api.routers import VoltRouter
 
-router = DefaultRouter()
+router = VoltRouter()
+router.include_root_view = False  # one API root (voltweb.api.urls), not three at one URL
 router.register("clusters", views.ClusterViewSet, basename="cluster")
 
 urlpatterns = [path("placements/preview", views.preview, name="placement-preview"), *router.urls]

@@ -4,6 +4,7 @@ from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
 from clusters import services
@@ -15,7 +16,6 @@ from voltweb.statemachine import IllegalTransition
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
 
 
-@extend_schema(responses=ERRORS)
 class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Your teams' clusters. POST requests one: placement runs in the background (202)."""
 
@@ -85,10 +85,12 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 @api_view(["POST"])
 def preview(request):
     """The plan placement would make now, without allocating anything; or why nothing fits."""
+    if not services.may_request_clusters(request.user):
+        raise PermissionDenied(str(services.NoTeam()))
     spec = s.ClusterSpecSerializer(data=request.data, context={"request": request, "needs_team": False})
     spec.is_valid(raise_exception=True)
     try:
-        result = services.preview(spec.spec(spec.validated_data))
+        result = services.preview(spec.spec(spec.validated_data), request.user)
     except services.InvalidSpec as exc:
         raise ServiceError("; ".join(exc.problems), code="invalid", status_code=400) from None
     return Response(services.plan_as_json(result))

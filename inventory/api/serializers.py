@@ -1,14 +1,28 @@
 from decimal import Decimal
 
+from django.core.validators import EmailValidator
 from rest_framework import serializers
 
-from inventory.choices import DriverKind, FabricKind, GpuHealth
+from inventory import services
+from inventory.choices import DriverKind, FabricKind, GpuHealth, OnboardingError
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, NetworkPort, Provider, Site
 from inventory.services import HostRequest
+from voltweb.api.fields import ScopedPrimaryKeyRelatedField, ScopedSlugRelatedField
+
+
+def _email_or_blank(value: str) -> None:
+    """An email address, or nothing (a plain function: the schema must not say `format: email`)."""
+    if value:
+        EmailValidator()(value)
 
 
 class ProviderSerializer(serializers.ModelSerializer):
+    # Optional: "" when not given, which an OpenAPI `format: email` string would not allow.
+    contact_email = serializers.CharField(
+        required=False, allow_blank=True, max_length=254, validators=[_email_or_blank]
+    )
+
     class Meta:
         model = Provider
         fields = ["id", "name", "slug", "status", "contact_email", "created_at", "reviewed_at"]
@@ -27,8 +41,14 @@ class BlockSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "fabric"]
 
 
+def _provider_field() -> ScopedSlugRelatedField:
+    return ScopedSlugRelatedField(
+        scope=services.managed_providers, noun="provider", slug_field="slug", queryset=Provider.objects.all()
+    )
+
+
 class FabricSerializer(serializers.ModelSerializer):
-    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    provider = _provider_field()
     blocks = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
     block_names = serializers.ListField(
         child=serializers.CharField(max_length=100),
@@ -143,6 +163,9 @@ class HostDetailSerializer(HostSerializer):
         ]
         return rows + lost
 
+    # "" while the host has no error: the schema must allow the blank besides the codes.
+    error_code = serializers.ChoiceField(choices=OnboardingError.choices, allow_blank=True, read_only=True)
+
     class Meta(HostSerializer.Meta):
         fields = HostSerializer.Meta.fields + [
             "gpu_memory_mib",
@@ -173,9 +196,11 @@ class LocalSpecSerializer(serializers.Serializer):
 class HostCreateSerializer(serializers.Serializer):
     """Adding a host: name, where it sits (block), how to reach it, and its price."""
 
-    provider = serializers.SlugRelatedField(slug_field="slug", queryset=Provider.objects.all())
+    provider = _provider_field()
     name = serializers.SlugField(max_length=100)
-    block = serializers.PrimaryKeyRelatedField(queryset=Block.objects.select_related("fabric__site"))
+    block = ScopedPrimaryKeyRelatedField(
+        scope=services.managed_blocks, noun="block", queryset=Block.objects.select_related("fabric__site")
+    )
     driver = serializers.ChoiceField(choices=DriverKind.choices)
     price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=2, min_value=Decimal("0"))
     address = serializers.CharField(max_length=255, required=False, allow_blank=True)
@@ -205,7 +230,7 @@ class HostActionSerializer(serializers.Serializer):
 
 
 class HostEventSerializer(serializers.ModelSerializer):
-    actor = serializers.CharField(source="actor.username", default=None, read_only=True)
+    actor = serializers.CharField(source="actor.username", default=None, read_only=True, allow_null=True)
 
     class Meta:
         model = HostEvent

@@ -1,8 +1,8 @@
-from rest_framework.routers import DefaultRouter
-
 from inventory.api import views
+from voltweb.api.routers import VoltRouter
 
-router = DefaultRouter()
+router = VoltRouter()
+router.include_root_view = False  # one API root (voltweb.api.urls), not three at one URL
 router.register("providers", views.ProviderViewSet, basename="provider")
 router.register("sites", views.SiteViewSet, basename="site")
 router.register("fabrics", views.FabricViewSet, basename="fabric")

@@ -22,7 +22,6 @@ def _django_to_drf(exc: DjangoValidationError) -> ValidationError:
     return ValidationError(getattr(exc, "message_dict", None) or {"non_field_errors": exc.messages})
 
 
-@extend_schema(responses=ERRORS)
 class ProviderViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Providers you may see. POST registers a new provider (pending until a platform admin approves)."""
 
@@ -117,7 +116,6 @@ class BlockViewSet(viewsets.ReadOnlyModelViewSet):
         return Block.objects.filter(fabric__provider__in=services.visible_providers(self.request.user))
 
 
-@extend_schema(responses=ERRORS)
 class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Hosts you may see, filterable. POST adds a host and queues its onboarding (202)."""
 
@@ -135,6 +133,14 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             return s.HostDetailSerializer
         return s.HostSerializer
 
+    @extend_schema(
+        description="A host. Its provider's admins (and platform admins) also get access details and errors.",
+        responses={
+            200: {
+                "anyOf": [{"$ref": "#/components/schemas/HostDetail"}, {"$ref": "#/components/schemas/Host"}]
+            }
+        },
+    )
     def retrieve(self, request, *args, **kwargs):
         host = self.get_object()
         serializer = s.HostDetailSerializer if self._manages(host) else s.HostSerializer
@@ -145,7 +151,7 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=s.HostCreateSerializer, responses={202: s.HostDetailSerializer, **ERRORS})
     def create(self, request, *args, **kwargs):
-        serializer = s.HostCreateSerializer(data=request.data)
+        serializer = s.HostCreateSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         provider = serializer.validated_data["provider"]
         if not services.can_manage_provider(request.user, provider):

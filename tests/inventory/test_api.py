@@ -214,7 +214,8 @@ def test_adding_a_host_to_another_providers_block_is_refused(omar, helios, north
     assert response.status_code == 400 and "block" in response.json()["error"]["fields"]
 
 
-def test_adding_a_host_for_a_provider_you_do_not_manage_is_404(omar, northwind, northwind_ib, client_for):
+def test_adding_a_host_for_a_provider_you_do_not_manage_is_400(omar, northwind, northwind_ib, client_for):
+    """As for a provider that does not exist (issue 9.10: no oracle): see tests/security/test_oracles.py."""
     body = {
         "provider": "northwind",
         "name": "x",
@@ -223,7 +224,9 @@ def test_adding_a_host_for_a_provider_you_do_not_manage_is_404(omar, northwind, 
         "price_per_gpu_hour": "1",
         "local_spec": {"gpu_model": "H100", "gpu_count": 8},
     }
-    assert client_for(omar).post("/api/v1/hosts/", body, format="json").status_code == 404
+    response = client_for(omar).post("/api/v1/hosts/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"]["provider"] == ["No provider 'northwind' among yours."]
 
 
 def test_adding_a_host_returns_202_and_onboards(priya, northwind, northwind_ib, client_for, committed):

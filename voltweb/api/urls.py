@@ -1,8 +1,7 @@
-from rest_framework.routers import DefaultRouter
-
 from voltweb.api import views
+from voltweb.api.routers import VoltRouter
 
-router = DefaultRouter()
+router = VoltRouter()
 router.register("teams", views.TeamViewSet, basename="team")
 router.register("tokens", views.ApiTokenViewSet, basename="token")
 

@@ -1,0 +1,96 @@
+"""Issue 9 point 8: hostile input is a 400 with the API's one error shape (console: a 400 page), never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from tests.conftest import api_client
+
+
+def assert_api_400(response, words: str):
+    assert response.status_code == 400, response.content[:300]
+    error = response.json()["error"]
+    assert error["code"] in ("invalid", "parse_error")
+    assert words.lower() in error["message"].lower()
+
+
+@pytest.fixture
+def alice_api(alice, client_for):
+    return client_for(alice)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/hosts/?name=gpu%00",
+        "/api/v1/hosts/?ordering=%00",
+        "/api/v1/clusters/?team__slug=lab-a%00",
+        "/api/v1/providers/north%00wind/",
+    ],
+)
+def test_nul_byte_in_url_is_400(alice_api, url):
+    assert_api_400(alice_api.get(url), "NUL")
+
+
+@pytest.mark.django_db
+def test_nul_byte_anywhere_in_json_body_is_400(alice_api):
+    for body in (
+        {"name": "North\x00wind"},
+        {"name": "Northwind", "contact_email": "a@b.example", "extra": {"deep": ["x\x00"]}},
+        {"name\x00": "Northwind"},
+    ):
+        response = alice_api.post("/api/v1/providers/", json.dumps(body), content_type="application/json")
+        assert_api_400(response, "NUL")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("depth", [40, 100_000])
+def test_deeply_nested_json_is_400(alice_api, depth):
+    body = "[" * depth + "]" * depth
+    response = alice_api.post("/api/v1/placements/preview", body, content_type="application/json")
+    assert_api_400(response, "nested deeper")
+
+
+@pytest.mark.django_db
+def test_body_over_the_size_limit_is_400(alice_api, settings):
+    body = json.dumps({"name": "big", "contact_email": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 10)})
+    response = alice_api.post("/api/v1/providers/", body, content_type="application/json")
+    assert_api_400(response, "larger than")
+
+
+@pytest.mark.django_db
+def test_body_over_the_limit_without_content_length_is_400(alice_api, settings):
+    """DRF reads the stream itself: the parser must bound it even when Content-Length says little."""
+    from io import BytesIO
+
+    from rest_framework.exceptions import ParseError
+
+    from voltweb.api.parsers import StrictJSONParser
+
+    raw = b'{"a": "' + b"x" * settings.DATA_UPLOAD_MAX_MEMORY_SIZE + b'"}'
+    with pytest.raises(ParseError, match="larger than"):
+        StrictJSONParser().parse(BytesIO(raw), parser_context={})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ["\xa0", "Bearer\xa0abc", "Bearer abc\x00", "   "])
+def test_malformed_authorization_header_is_400(db, header):
+    client = api_client()
+    client.credentials(HTTP_AUTHORIZATION=header)
+    assert_api_400(client.get("/api/v1/hosts/"), "Authorization")
+
+
+@pytest.mark.django_db
+def test_console_nul_in_query_and_form_is_a_400_page(alice):
+    client = Client()
+    client.force_login(alice)
+    response = client.get("/inventory/hosts/?q=h100%00")
+    assert response.status_code == 400
+    assert b"Bad request" in response.content and b"NUL" in response.content
+    response = client.post("/account/tokens/", {"name": "ci\x00"})
+    assert response.status_code == 400
+    assert b"NUL" in response.content
