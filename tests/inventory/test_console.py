@@ -52,16 +52,28 @@ def test_invalid_filter_shows_inline_error_not_500(client, alice, hosts):
 def test_failed_host_page_shows_the_error_to_its_provider_only(client, priya, omar, hosts):
     client.force_login(priya)
     page = client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
-    assert "Onboarding failed" in page and "nvidia-smi is not installed" in page and "No GPUs recorded" in page
+    assert (
+        "Onboarding failed" in page and "nvidia-smi is not installed" in page and "No GPUs recorded" in page
+    )
     assert "Retry onboarding" in page
     client.force_login(omar)
     assert client.get(f"/inventory/hosts/{hosts['bad'].pk}/").status_code == 404
 
 
-def test_provider_adds_local_host_through_the_form(client, priya, northwind, northwind_ib, committed):
+def test_provider_adds_local_host_through_the_form(
+    client, priya, northwind, northwind_ib, committed, settings
+):
+    settings.VOLT_LOCAL_HOSTS_FOR_PROVIDERS = True  # as in the demo
     client.force_login(priya)
-    form = {"name": "iad1-a100-09", "block": northwind_ib.blocks.first().pk, "driver": "local",
-            "price_per_gpu_hour": "1.55", "gpu_model": "A100", "gpu_count": "8", "fault": ""}
+    form = {
+        "name": "iad1-a100-09",
+        "block": northwind_ib.blocks.first().pk,
+        "driver": "local",
+        "price_per_gpu_hour": "1.55",
+        "gpu_model": "A100",
+        "gpu_count": "8",
+        "fault": "",
+    }
     with committed():
         response = client.post(f"/inventory/providers/{northwind.slug}/hosts/new/", form)
     host = Host.objects.get(name="iad1-a100-09")
@@ -91,12 +103,23 @@ def test_provider_registers_adds_fabric_and_platform_admin_approves(client, make
     response = client.post("/inventory/providers/new/", {"name": "Nebula Racks", "contact_email": ""})
     provider = Provider.objects.get(name="Nebula Racks")
     assert response.url == f"/inventory/providers/{provider.slug}/" and provider.status == "pending"
-    fabric = {"site": "", "new_site_name": "fra2", "new_site_region": "eu-central", "name": "fra2-ib",
-              "kind": "ib_hdr", "per_host_gbytes_per_s": "", "oversubscription": "1", "blocks": "r1, r2"}
+    fabric = {
+        "site": "",
+        "new_site_name": "fra2",
+        "new_site_region": "eu-central",
+        "name": "fra2-ib",
+        "kind": "ib_hdr",
+        "per_host_gbytes_per_s": "",
+        "oversubscription": "1",
+        "blocks": "r1, r2",
+    }
     assert client.post(f"/inventory/providers/{provider.slug}/fabrics/new/", fabric).status_code == 302
     assert list(provider.fabrics.get().blocks.values_list("name", flat=True)) == ["r1", "r2"]
 
-    assert client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"}).status_code == 404
+    assert (
+        client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"}).status_code
+        == 404
+    )
     client.force_login(root)
     client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"})
     provider.refresh_from_db()
