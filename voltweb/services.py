@@ -86,6 +86,11 @@ def is_platform_admin(user: AbstractBaseUser) -> bool:
     return bool(user.is_authenticated and user.is_staff)
 
 
+def is_team_member(user: AbstractBaseUser, team: Team) -> bool:
+    """A member of `team` in any role. Platform admins are not members by their flag alone."""
+    return bool(user.is_authenticated and Membership.objects.filter(team=team, user=user).exists())
+
+
 def is_team_admin(user: AbstractBaseUser, team: Team) -> bool:
     if is_platform_admin(user):
         return True
