@@ -7,6 +7,11 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "voltweb.settings")
+    if sys.argv[1:2] == ["demo"]:
+        # Before settings load: the demo turns on DEBUG and keeps its own generated secrets.
+        from voltweb.demo_env import prepare_demo_environment
+
+        prepare_demo_environment()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

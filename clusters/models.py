@@ -122,13 +122,17 @@ class Allocation(models.Model):
 
 
 class ClusterEvent(models.Model):
-    """A line of a cluster's timeline: every status change, with its reason."""
+    """A line of a cluster's timeline: every status change, with its reason; and audited actions."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(default=timezone.now)
     from_status = models.CharField(max_length=20, blank=True)
     to_status = models.CharField(max_length=20, blank=True)
     message = models.TextField(blank=True)
+    # Who did it, for events people cause (e.g. an SSH key download: an audit line, no status change).
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["at", "id"]

@@ -640,10 +640,33 @@ def connection_details(cluster: Cluster) -> dict | None:
 
 
 def cluster_private_key(cluster: Cluster) -> str:
-    """The cluster's SSH private key (OpenSSH), for members of its team."""
+    """The cluster's SSH private key (OpenSSH), for Volt's own use; people get it via download_cluster_key."""
     from voltweb import crypto
 
     return crypto.decrypt(cluster.ssh_private_key_encrypted)
+
+
+class KeyNotYours(Exception):
+    """Only members of the cluster's team download its key (platform admins included: not theirs)."""
+
+
+def download_cluster_key(cluster: Cluster, user: AbstractBaseUser) -> str:
+    """The cluster's private key for a member of its team, audited on the cluster's timeline.
+
+    Returns "" while the cluster has no key yet (nothing is audited then). Raises KeyNotYours for
+    anyone outside the team: a platform admin sees every cluster but holds no team's key.
+    """
+    if not accounts.is_team_member(user, cluster.team):
+        raise KeyNotYours(
+            f"Only members of {cluster.team.name} download this cluster's SSH key; platform admins see "
+            "every cluster but do not hold teams' keys."
+        )
+    key = cluster_private_key(cluster)
+    if key:
+        transitions.ClusterEvent.objects.create(
+            cluster=cluster, message=f"SSH private key downloaded by {user.get_username()}", actor=user
+        )
+    return key
 
 
 def _queue_provisioning(cluster_id: int) -> None:

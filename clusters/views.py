@@ -127,6 +127,7 @@ def cluster_detail(request, pk):
         "queue_position": services.queue_position(cluster),
         "can_terminate": cluster.status in services.LIVE,
         "connection": services.connection_details(cluster),
+        "can_download_key": accounts.is_team_member(request.user, cluster.team),
         "probe_hosts": _probe_hosts(cluster),
     }
     return render(request, "clusters/detail.html", context)

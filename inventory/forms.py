@@ -71,8 +71,11 @@ class HostForm(forms.Form):
         required=False, help_text="Optional `ssh-keyscan` line; empty: pinned on first contact."
     )
 
-    def __init__(self, *args, provider: Provider, **kwargs):
+    def __init__(self, *args, provider: Provider, local: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        if not local:  # the local driver is off here, or for this user (validation.may_add_local_hosts)
+            self.fields["driver"].choices = [(DriverKind.SSH, DriverKind.SSH.label)]
+            self.fields["driver"].initial = DriverKind.SSH
         self.fields["block"].queryset = Block.objects.filter(fabric__provider=provider).select_related(
             "fabric__site"
         )

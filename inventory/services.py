@@ -10,7 +10,7 @@ import ipaddress
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
@@ -22,8 +22,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.text import slugify
+from django.views.decorators.debug import sensitive_variables
 
-from inventory import onboarding, transitions
+from inventory import onboarding, transitions, validation
 from inventory.choices import (
     INTERCONNECT_FAMILIES,
     DriverKind,
@@ -108,6 +109,25 @@ def visible_gpus(user: AbstractBaseUser) -> QuerySet[GPU]:
     return GPU.objects.filter(mine)
 
 
+#: What a host event may tell someone who sees the host but does not manage it (HostSerializer's view):
+#: the kind and the new state, never the provider's reasons, errors or the host's address.
+PUBLIC_EVENT_FIELDS = {"state": ("kind", "state")}
+
+
+def host_event_for(user: AbstractBaseUser, host_id: int, event: dict) -> tuple[bool, dict | None]:
+    """(may the user still see the host, the event as the user may see it or None to send nothing).
+
+    The websocket asks this for each event and recipient, so it filters exactly as the REST API does.
+    """
+    host = visible_hosts(user).filter(pk=host_id).select_related("provider").first()
+    if host is None:
+        return False, None
+    if can_manage_provider(user, host.provider):
+        return True, event
+    fields = PUBLIC_EVENT_FIELDS.get(event.get("kind"))
+    return True, ({name: event[name] for name in fields if name in event} if fields else None)
+
+
 def offerable_hosts() -> QuerySet[Host]:
     """Hosts that placement may use: available, from an approved provider."""
     return Host.objects.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
@@ -187,7 +207,7 @@ class HostRequest:
     address: str = ""
     ssh_port: int = 22
     ssh_user: str = ""
-    ssh_private_key: str = ""
+    ssh_private_key: str = field(default="", repr=False)  # never in a log line or an error report
     ssh_host_key: str = ""
     local_spec: dict | None = None
     local_faults: dict | None = None
@@ -215,13 +235,16 @@ def driver_for(host: Host) -> HostDriver:
     )
 
 
+@sensitive_variables("request")
 def add_host(
     provider: Provider, request: HostRequest, actor: AbstractBaseUser | None = None, queue: bool = True
 ) -> Host:
     """Create the host in ONBOARDING and queue discovery (`queue=False`: the caller runs onboard_host).
 
-    Validation errors name the field to fix.
+    Raises validation.HostRefused when the provider is not approved or the caller may not use the
+    driver (`actor=None`: Volt itself, e.g. seed_demo); validation errors name the field to fix.
     """
+    validation.check_may_add_host(provider, request.driver, actor)
     _validate_host_request(provider, request)
     try:
         with transaction.atomic():
@@ -267,16 +290,21 @@ def _validate_host_request(provider: Provider, request: HostRequest) -> None:
         errors["name"] = f"You already have a host named {request.name!r}."
     elif request.driver == DriverKind.SSH and _own_host_at(provider, request):
         errors["address"] = f"You already have a host at {request.address.strip()}:{request.ssh_port}."
+    nics = (request.local_spec or {}).get("nics") if request.driver == DriverKind.LOCAL else None
+    for name, messages in validation.host_request_errors(
+        request.address, request.ssh_user, request.ssh_private_key, request.ssh_host_key, nics
+    ).items():
+        errors[name] = " ".join(messages)
     if request.driver == DriverKind.SSH:
         if not request.address:
             errors["address"] = "SSH hosts need an address (IP or DNS name)."
         if not request.ssh_private_key and not request.ssh_user:
             errors["ssh_user"] = "Give the SSH user Volt logs in as."
-        if request.ssh_private_key and "PRIVATE KEY" not in request.ssh_private_key:
-            errors["ssh_private_key"] = (
-                "Paste an OpenSSH private key (-----BEGIN OPENSSH PRIVATE KEY----- ...)."
-            )
     elif request.driver == DriverKind.LOCAL:
+        if request.address and not _is_local_host_address(request.address):
+            errors["address"] = (
+                "A local host's address is a loopback address 127.0.x.y with y >= 2 (or empty)."
+            )
         spec = request.local_spec or {}
         if spec.get("gpu_model") not in BY_MODEL:
             errors["gpu_model"] = f"Unknown GPU model; choose one of {', '.join(BY_MODEL)}."
@@ -287,6 +315,14 @@ def _validate_host_request(provider: Provider, request: HostRequest) -> None:
         errors["driver"] = f"Unknown driver {request.driver!r}; use local or ssh."
     if errors:
         raise ValidationError(errors)
+
+
+def _is_local_host_address(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return ip in ipaddress.ip_network("127.0.0.0/16") and ip.packed[3] >= 2
 
 
 def _local_spec(request: HostRequest) -> dict:
@@ -452,10 +488,14 @@ HOST_ACTIONS = {  # in the order the console shows the buttons; the destructive 
 
 
 def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, reason: str = "") -> Host:
-    """Drain, cordon, uncordon, retire or re-discover a host (raises IllegalTransition from a wrong state)."""
+    """Drain, cordon, uncordon, retire or re-discover a host (raises IllegalTransition from a wrong state).
+
+    Re-discovery onboards again, so it follows `add_host`'s rules (validation.HostRefused).
+    """
     target = HOST_ACTIONS[action]
     extra: dict = {}
     if target == HostState.ONBOARDING:
+        validation.check_may_add_host(host.provider, host.driver, actor)
         extra = {"onboarding_started_at": timezone.now(), "error_code": "", "error_message": ""}
     with transaction.atomic():
         host = transitions.transition_host(

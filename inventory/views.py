@@ -10,9 +10,10 @@ from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from inventory import services
+from inventory import services, validation
 from inventory.choices import DriverKind, FabricKind, HostState
 from inventory.filters import HostFilter, OfferFilter
 from inventory.forms import FabricForm, HostForm, ProviderForm
@@ -130,6 +131,8 @@ def host_action(request, pk, action):
         messages.success(request, f"{host.name}: {action} done; state is now {host.get_state_display()}.")
     except IllegalTransition as exc:
         messages.error(request, f"{exc} Refresh the page to see the current state.")
+    except validation.HostRefused as exc:
+        messages.error(request, exc.message)
     return redirect("inventory:host", pk=host.pk)
 
 
@@ -152,8 +155,8 @@ def provider_new(request):
         else:
             messages.success(
                 request,
-                f"{provider.name} registered. A platform admin will review it; "
-                "meanwhile you can describe your fabrics and add hosts.",
+                f"{provider.name} registered. A platform admin will review it; meanwhile you can "
+                "describe your fabrics, and add hosts once it is approved.",
             )
             return redirect("inventory:provider", slug=provider.slug)
     return render(request, "inventory/provider_form.html", {"form": form})
@@ -228,16 +231,26 @@ def fabric_new(request, slug):
     return render(request, "inventory/fabric_form.html", {"form": form, "provider": provider})
 
 
+@sensitive_post_parameters("ssh_private_key")
 @login_required
 def host_new(request, slug):
     provider = _managed_provider(request, slug)
-    form = HostForm(request.POST or None, provider=provider)
+    try:
+        validation.check_provider_approved(provider)
+    except validation.HostRefused as exc:
+        messages.error(request, exc.message)
+        return redirect("inventory:provider", slug=provider.slug)
+    form = HostForm(
+        request.POST or None, provider=provider, local=validation.may_add_local_hosts(request.user)
+    )
     if not form.fields["block"].queryset.exists():
         messages.info(request, "Describe a fabric and its racks first: hosts are placed in a block.")
         return redirect("inventory:fabric-new", slug=provider.slug)
     if request.method == "POST" and form.is_valid():
         try:
             host = services.add_host(provider, _host_request(form.cleaned_data), actor=request.user)
+        except validation.HostRefused as exc:
+            form.add_error("driver" if exc.code.startswith("local") else None, exc.message)
         except ValidationError as exc:
             for field, errors in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errors)

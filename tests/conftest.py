@@ -25,7 +25,9 @@ from voltweb.choices import TeamRole
 def _isolated_data_dir(settings, tmp_path):
     """Each test gets its own folder for local host sandboxes."""
     settings.VOLT_DATA_DIR = tmp_path / "data"
-    settings.VOLT_AUTO_PROVISION = False  # provisioning tests (Ray) turn it on; placement tests use fake hosts
+    settings.VOLT_AUTO_PROVISION = (
+        False  # provisioning tests (Ray) turn it on; placement tests use fake hosts
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -36,6 +38,14 @@ def _fresh_offers_cache():
     from inventory.services import CAPACITY_VERSION_KEY
 
     cache.set(CAPACITY_VERSION_KEY, uuid.uuid4().int >> 66, None)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_auth_throttle(monkeypatch):
+    """Failed sign-ins and token failures of an earlier test must not throttle this one."""
+    from voltweb import throttle
+
+    monkeypatch.setattr(throttle, "KEY_PREFIX", f"throttle-test-{uuid.uuid4().hex}")
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import QuerySet
@@ -25,11 +27,21 @@ def hash_token(raw: str) -> str:
 @dataclass(frozen=True)
 class IssuedToken:
     token: ApiToken
-    secret: str
+    secret: str = field(repr=False)  # never in a log line or an error report
+
+
+def default_token_expiry():
+    """When a token created now expires unless asked to expire sooner (VOLT_TOKEN_LIFETIME_DAYS)."""
+    return timezone.now() + timedelta(days=settings.VOLT_TOKEN_LIFETIME_DAYS)
 
 
 def create_api_token(user: AbstractBaseUser, name: str, expires_at=None) -> IssuedToken:
-    """Create a token for `user`. The returned secret is the only copy: show it once."""
+    """Create a token for `user`. The returned secret is the only copy: show it once.
+
+    Tokens expire: at `expires_at` if given, else after the default lifetime. Callers must have
+    authenticated with a session (or be an operator's command): a token never mints tokens.
+    """
+    expires_at = expires_at or default_token_expiry()
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         user=user,
@@ -72,6 +84,11 @@ def teams_of(user: AbstractBaseUser) -> QuerySet[Team]:
 
 def is_platform_admin(user: AbstractBaseUser) -> bool:
     return bool(user.is_authenticated and user.is_staff)
+
+
+def is_team_member(user: AbstractBaseUser, team: Team) -> bool:
+    """A member of `team` in any role. Platform admins are not members by their flag alone."""
+    return bool(user.is_authenticated and Membership.objects.filter(team=team, user=user).exists())
 
 
 def is_team_admin(user: AbstractBaseUser, team: Team) -> bool:

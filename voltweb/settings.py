@@ -1,6 +1,8 @@
-"""Volt settings. Every value comes from the environment with a default that suits the embedded demo.
+"""Volt settings. Every value comes from the environment; the defaults are the safe production ones.
 
-Production sets at least DEBUG=0, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL (PostgreSQL) and REDIS_URL.
+Production sets at least SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL (PostgreSQL) and REDIS_URL; DEBUG is
+off unless set. The embedded demo (`manage.py demo`, voltweb/demo_env.py) turns DEBUG on for itself and
+keeps generated secrets in its data dir; the test suite uses voltweb/settings_test.py.
 See README.md "Configuration" for the full list.
 """
 
@@ -17,7 +19,7 @@ from voltweb.env import env_bool, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-DEBUG = env_bool("DEBUG", True)
+DEBUG = env_bool("DEBUG", False)
 _DEV_SECRET = "volt-insecure-dev-key-change-me-in-production-0123456789abcdef"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
 if not DEBUG and SECRET_KEY == _DEV_SECRET:
@@ -269,6 +271,23 @@ VOLT_SLOW_HOST_FRACTION = env_float("VOLT_SLOW_HOST_FRACTION", 0.5, minimum=0.0,
 VOLT_SLOW_HOST_REPLACEMENTS = env_int("VOLT_SLOW_HOST_REPLACEMENTS", 1, minimum=0)
 # Python that runs `ray start` on ssh hosts (local hosts use this project's interpreter).
 VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
+
+# The `local` driver (sandbox hosts on this machine, with declared hardware) is for the demo and tests:
+# off unless enabled, and then only platform admins add local hosts, unless the second switch (the demo)
+# lets provider admins add them too.
+VOLT_ALLOW_LOCAL_HOSTS = env_bool("VOLT_ALLOW_LOCAL_HOSTS", False)
+VOLT_LOCAL_HOSTS_FOR_PROVIDERS = env_bool("VOLT_LOCAL_HOSTS_FOR_PROVIDERS", False)
+
+# --- accounts and authentication ---------------------------------------------------------------
+# API tokens expire this many days after creation unless created with an earlier expiry.
+VOLT_TOKEN_LIFETIME_DAYS = env_int("VOLT_TOKEN_LIFETIME_DAYS", 90, minimum=1)
+# Failed sign-ins and failed bearer-token authentications are counted in the shared cache per window
+# (voltweb/throttle.py); past the limit, attempts are refused (HTTP 429, Retry-After) until it ends.
+VOLT_AUTH_THROTTLE_WINDOW_S = env_int("VOLT_AUTH_THROTTLE_WINDOW_S", 900, minimum=1)
+VOLT_LOGIN_FAILURES_PER_ACCOUNT = env_int("VOLT_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=1)
+VOLT_LOGIN_FAILURES_PER_ADDRESS = env_int("VOLT_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1)
+VOLT_TOKEN_FAILURES_PER_ADDRESS = env_int("VOLT_TOKEN_FAILURES_PER_ADDRESS", 20, minimum=1)
+AUTHENTICATION_BACKENDS = ["voltweb.authentication.ThrottledModelBackend"]
 
 LOGGING = {
     "version": 1,

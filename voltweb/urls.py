@@ -14,7 +14,7 @@ api_v1 = [
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="inventory:offers", permanent=False), name="home"),
-    path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
+    path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/tokens/", views.tokens, name="tokens"),
     path("account/tokens/<int:pk>/revoke/", views.revoke_token, name="token-revoke"),

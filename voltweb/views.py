@@ -1,26 +1,52 @@
 """Console pages for accounts: API tokens and teams; and a health endpoint for load balancers."""
 
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_POST
 
-from voltweb import services
+from voltweb import services, throttle
 from voltweb.forms import TokenForm
 from voltweb.models import ApiToken
 
 
+class LoginView(auth_views.LoginView):
+    """Django's sign-in page, answering 429 with Retry-After while the account or address is throttled.
+
+    The counting itself happens in voltweb.authentication.ThrottledModelBackend (every sign-in path).
+    """
+
+    template_name = "registration/login.html"
+
+    def post(self, request, *args, **kwargs):
+        wait = throttle.login_retry_after(request, request.POST.get("username"))
+        if wait:
+            response = self.render_to_response(self.get_context_data(throttled_for=wait), status=429)
+            response["Retry-After"] = str(wait)
+            return response
+        return super().post(request, *args, **kwargs)
+
+
 @login_required
+@sensitive_variables("issued", "context")
 def tokens(request):
     form = TokenForm(request.POST or None)
     issued = None
     if request.method == "POST" and form.is_valid():
         issued = services.create_api_token(request.user, form.cleaned_data["name"])
         form = TokenForm()
-    context = {"form": form, "issued": issued, "tokens": ApiToken.objects.filter(user=request.user)}
+    context = {
+        "form": form,
+        "issued": issued,
+        "tokens": ApiToken.objects.filter(user=request.user),
+        "lifetime_days": settings.VOLT_TOKEN_LIFETIME_DAYS,
+    }
     return render(request, "voltweb/tokens.html", context)
 
 

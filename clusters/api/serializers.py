@@ -132,9 +132,17 @@ class ClusterSerializer(serializers.ModelSerializer):
 
 
 class ClusterEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(
+        source="actor.username",
+        default=None,
+        allow_null=True,
+        read_only=True,
+        help_text="Who did it, if a person.",
+    )
+
     class Meta:
         model = ClusterEvent
-        fields = ["at", "from_status", "to_status", "message"]
+        fields = ["at", "from_status", "to_status", "message", "actor"]
 
 
 class PlanNodeSerializer(serializers.Serializer):

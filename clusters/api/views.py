@@ -58,12 +58,23 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise ServiceError(f"{exc} It is {exc.current}.", code="illegal_transition") from None
         return Response(s.ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(responses={(200, "text/plain"): str, 404: ErrorResponseSerializer})
+    @extend_schema(
+        responses={
+            (200, "text/plain"): str,
+            403: ErrorResponseSerializer,
+            404: ErrorResponseSerializer,
+            409: ErrorResponseSerializer,
+        }
+    )
     @action(detail=True, methods=["get"], url_path="ssh-key")
     def ssh_key(self, request, pk=None):
-        """The cluster's SSH private key, for your team (download as volt-cluster-<id>.key, chmod 600)."""
+        """The cluster's SSH private key, for members of its team only (platform admins: 403). Download as
+        volt-cluster-<id>.key, chmod 600. Each download is recorded on the cluster's timeline."""
         cluster = self.get_object()
-        key = services.cluster_private_key(cluster)
+        try:
+            key = services.download_cluster_key(cluster, request.user)
+        except services.KeyNotYours as exc:
+            raise ServiceError(str(exc), code="team_members_only", status_code=403) from None
         if not key:
             raise ServiceError(
                 "This cluster has no key yet: it is generated when provisioning starts.",

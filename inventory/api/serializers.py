@@ -3,7 +3,7 @@ from decimal import Decimal
 from django.core.validators import EmailValidator
 from rest_framework import serializers
 
-from inventory import services
+from inventory import services, validation
 from inventory.choices import DriverKind, FabricKind, GpuHealth, OnboardingError
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, NetworkPort, Provider, Site
@@ -190,7 +190,9 @@ class LocalSpecSerializer(serializers.Serializer):
     gpu_model = serializers.ChoiceField(choices=list(BY_MODEL))
     gpu_count = serializers.IntegerField(min_value=1, max_value=16)
     nvlink = serializers.BooleanField(required=False)
-    nics = serializers.ListField(child=serializers.DictField(), required=False)
+    nics = serializers.ListField(
+        child=serializers.DictField(), required=False, validators=[validation.validate_nics]
+    )
 
 
 class HostCreateSerializer(serializers.Serializer):
@@ -203,11 +205,27 @@ class HostCreateSerializer(serializers.Serializer):
     )
     driver = serializers.ChoiceField(choices=DriverKind.choices)
     price_per_gpu_hour = serializers.DecimalField(max_digits=8, decimal_places=2, min_value=Decimal("0"))
-    address = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    address = serializers.CharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        validators=[validation.validate_address],
+    )
     ssh_port = serializers.IntegerField(min_value=1, max_value=65535, required=False, default=22)
-    ssh_user = serializers.CharField(max_length=64, required=False, allow_blank=True)
-    ssh_private_key = serializers.CharField(required=False, allow_blank=True, write_only=True)
-    ssh_host_key = serializers.CharField(required=False, allow_blank=True)
+    ssh_user = serializers.CharField(
+        max_length=64,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        validators=[validation.validate_ssh_user],
+    )
+    ssh_private_key = serializers.CharField(
+        required=False, allow_blank=True, write_only=True, validators=[validation.validate_private_key]
+    )
+    ssh_host_key = serializers.CharField(
+        required=False, allow_blank=True, validators=[validation.validate_host_key]
+    )
     local_spec = LocalSpecSerializer(required=False)
 
     def validate(self, attrs):

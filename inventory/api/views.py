@@ -1,6 +1,8 @@
 """Inventory API: providers, sites, fabrics, hosts, GPUs and aggregated offers."""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.utils.decorators import method_decorator
+from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -11,11 +13,16 @@ from inventory import services
 from inventory.api import serializers as s
 from inventory.filters import GpuFilter, HostFilter, OfferFilter
 from inventory.models import Block, Fabric, Host, Site
+from inventory.validation import HostRefused
 from voltweb.api.errors import ErrorResponseSerializer, ServiceError
 from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
+
+
+def _refused(exc: HostRefused) -> ServiceError:
+    return ServiceError(exc.message, code=exc.code, status_code=exc.status)
 
 
 def _django_to_drf(exc: DjangoValidationError) -> ValidationError:
@@ -116,6 +123,7 @@ class BlockViewSet(viewsets.ReadOnlyModelViewSet):
         return Block.objects.filter(fabric__provider__in=services.visible_providers(self.request.user))
 
 
+@method_decorator(sensitive_post_parameters("ssh_private_key"), name="dispatch")
 class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Hosts you may see, filterable. POST adds a host and queues its onboarding (202)."""
 
@@ -149,7 +157,16 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def _manages(self, host: Host) -> bool:
         return services.can_manage_provider(self.request.user, host.provider)
 
-    @extend_schema(request=s.HostCreateSerializer, responses={202: s.HostDetailSerializer, **ERRORS})
+    @extend_schema(
+        request=s.HostCreateSerializer,
+        responses={
+            202: s.HostDetailSerializer,
+            403: ErrorResponseSerializer,
+            409: ErrorResponseSerializer,
+            **ERRORS,
+        },
+    )
+    @sensitive_variables("serializer")
     def create(self, request, *args, **kwargs):
         serializer = s.HostCreateSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
@@ -158,6 +175,8 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise NotFound("No such provider among yours.")
         try:
             host = services.add_host(provider, serializer.to_request(), actor=request.user)
+        except HostRefused as exc:
+            raise _refused(exc) from None
         except DjangoValidationError as exc:
             raise _django_to_drf(exc) from None
         return Response(s.HostDetailSerializer(host).data, status=status.HTTP_202_ACCEPTED)
@@ -174,6 +193,8 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             )
         except IllegalTransition as exc:
             raise ServiceError(f"{exc} Current state: {exc.current}.", code="illegal_transition") from None
+        except HostRefused as exc:
+            raise _refused(exc) from None
         return Response(s.HostDetailSerializer(host).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(

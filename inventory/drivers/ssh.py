@@ -19,7 +19,6 @@ import asyncio
 import logging
 import posixpath
 import shlex
-import socket
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -265,11 +264,13 @@ class SshDriver(HostDriver):
             raise
         except (OSError, TimeoutError) as exc:
             raise self._unreachable(exc) from None
+        except asyncssh.ProtocolError:  # something answered, but not with an SSH banner
+            raise self._unreachable(None) from None
         except asyncssh.Error as exc:
             raise DriverError(f"SSH connection to {self.address} failed: {exc.reason}") from None
 
     def _unreachable_after_handshake_drop(self) -> HostUnreachable:
-        return self._unreachable(ConnectionResetError("the connection closed during the SSH handshake"))
+        return self._unreachable(None)
 
     def _host_key_mismatch(self) -> HostKeyMismatch:
         pinned, presented = self._pinned_host_key, self._presented_host_key
@@ -285,18 +286,17 @@ class SshDriver(HostDriver):
             "really changed"
         )
 
-    def _unreachable(self, exc: BaseException) -> HostUnreachable:
-        if isinstance(exc, TimeoutError):
-            reason = f"no answer within {self.connect_timeout:g} s"
-        elif isinstance(exc, ConnectionRefusedError):
-            reason = "connection refused"
-        elif isinstance(exc, socket.gaierror):
-            reason = f"the name does not resolve ({exc.strerror})"
-        else:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    def _unreachable(self, exc: BaseException | None) -> HostUnreachable:
+        """One message for every way of not reaching an SSH server before its handshake.
+
+        Whether the port was closed, filtered, or open with something else behind it, or the name did
+        not resolve, is deliberately not said: onboarding an address would otherwise scan ports and
+        names on the worker's network (issue 9). The cause goes to the worker's log only.
+        """
+        logger.info("no SSH server reached at %s: %r", self.address, exc)
         return HostUnreachable(
-            f"{self.host} is not answering on port {self.port}: {reason}; "
-            "check the address, port and firewall"
+            f"{self.host} is not answering as an SSH server on port {self.port} (nothing reachable "
+            "there, or not an SSH server); check the address, port and firewall"
         )
 
     async def _open_process(self, command: str) -> asyncssh.SSHClientProcess:

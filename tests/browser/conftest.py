@@ -249,6 +249,9 @@ def live_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "voltweb.settings",
         "DEBUG": "1",
+        # As the demo (voltweb/demo_env.py): provider admins may add local hosts.
+        "VOLT_ALLOW_LOCAL_HOSTS": "1",
+        "VOLT_LOCAL_HOSTS_FOR_PROVIDERS": "1",
         "PYTHONUNBUFFERED": "1",
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,

@@ -40,7 +40,7 @@ def wait_for_state(host_id: int, states: set[str], timeout_s: float = 60) -> Hos
 
 
 def test_host_added_through_the_api_is_onboarded_by_the_worker(
-    priya, northwind, northwind_ib, client_for, worker
+    root, northwind, northwind_ib, client_for, worker
 ):
     body = {
         "provider": "northwind",
@@ -50,7 +50,7 @@ def test_host_added_through_the_api_is_onboarded_by_the_worker(
         "price_per_gpu_hour": "2.10",
         "local_spec": {"gpu_model": "H100", "gpu_count": 8},
     }
-    response = client_for(priya).post("/api/v1/hosts/", body, format="json")
+    response = client_for(root).post("/api/v1/hosts/", body, format="json")  # local hosts: platform admins
     assert response.status_code == 202
 
     host = wait_for_state(response.json()["id"], {HostState.AVAILABLE, HostState.FAILED})
@@ -58,7 +58,7 @@ def test_host_added_through_the_api_is_onboarded_by_the_worker(
     assert host.state == HostState.AVAILABLE and host.gpus.count() == 8
 
 
-def test_broken_host_ends_failed_through_the_worker(priya, northwind, northwind_ib, client_for, worker):
+def test_broken_host_ends_failed_through_the_worker(root, northwind, northwind_ib, client_for, worker):
     from inventory import services
 
     request = services.HostRequest(
@@ -69,7 +69,7 @@ def test_broken_host_ends_failed_through_the_worker(priya, northwind, northwind_
         local_spec=services.default_local_spec("H100", 8, "ib_ndr"),
         local_faults={"nvidia_smi_garbage": ""},
     )
-    host = services.add_host(northwind, request, actor=priya)
+    host = services.add_host(northwind, request, actor=root)
 
     host = wait_for_state(host.pk, {HostState.AVAILABLE, HostState.FAILED})
 

@@ -111,10 +111,10 @@ def test_three_node_cluster_becomes_ready_runs_work_and_terminates_clean(
         "http://127.0."
     )
     assert client.get(f"/api/v1/clusters/{cluster['id']}/ssh-key/").content.startswith(b"-----BEGIN OPENSSH")
-    timeline = [
-        e["to_status"] for e in client.get(f"/api/v1/clusters/{cluster['id']}/events/").json()["results"]
-    ]
+    events = client.get(f"/api/v1/clusters/{cluster['id']}/events/").json()["results"]
+    timeline = [e["to_status"] for e in events if e["to_status"]]
     assert timeline[-2:] == ["verifying", "ready"]
+    assert events[-1]["message"] == "SSH private key downloaded by alice"  # the download, audited
 
     hosts = [n["host"] for n in cluster["nodes"]]
     host_rows = list(Host.objects.filter(name__in=hosts))

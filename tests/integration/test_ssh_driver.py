@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import asyncssh
@@ -96,21 +97,57 @@ def test_copy_file_creates_parent_directories_and_keeps_mode(driver, tmp_path):
     assert driver.run(f"{remote} a b").stdout == "probe ran with 2 args\n"
 
 
-def test_closed_port_raises_host_unreachable():
+def _failure_message(port: int) -> HostUnreachable:
+    drv = SshDriver("127.0.0.1", port, private_key=new_key_text(), connect_timeout=2.0)
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            drv.check_reachable()
+    finally:
+        drv.close()
+    return caught.value
+
+
+def _serve_once(reply: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A listener that answers its first connection with `reply` and hangs up (None: stays silent)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            if reply is None:
+                time.sleep(4)
+            else:
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_connection_errors_do_not_tell_closed_from_open_ports():
+    """Issue 9: onboarding must not make the worker a port scanner. A closed port, a web server and a
+    silent service all give one message, which says no more than 'not an SSH server'."""
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    drv = SshDriver("127.0.0.1", port, private_key=new_key_text(), connect_timeout=3.0)
+        closed = sock.getsockname()[1]
+    failures = {"closed": (_failure_message(closed), closed)}
+    replies = {"http": b"HTTP/1.1 400 Bad Request\r\nServer: nginx\r\n\r\n", "silent": None}
+    for name, reply in replies.items():
+        listener, thread = _serve_once(reply)
+        with listener:
+            port = listener.getsockname()[1]
+            failures[name] = (_failure_message(port), port)
+            thread.join(timeout=10)
 
-    with pytest.raises(HostUnreachable) as caught:
-        drv.check_reachable()
-    drv.close()
-
-    message = str(caught.value)
-    assert f"port {port}" in message
-    assert "connection refused" in message
-    assert "firewall" in message
-    assert caught.value.code == "unreachable"
+    assert all(exc.code == "unreachable" for exc, _ in failures.values())
+    texts = {name: str(exc).replace(f"port {port}", "port N") for name, (exc, port) in failures.items()}
+    assert len(set(texts.values())) == 1, texts
+    message = texts["closed"]
+    assert "not an SSH server" in message and "firewall" in message
+    for revealing in ("refused", "nginx", "HTTP", "banner", "within", "reset", "closed"):
+        assert revealing not in message
 
 
 def test_wrong_client_key_is_refused(sshd):

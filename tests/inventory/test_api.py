@@ -200,7 +200,10 @@ def test_ssh_host_needs_address(priya, northwind, northwind_ib, client_for):
     assert response.status_code == 400 and "address" in response.json()["error"]["fields"]
 
 
-def test_adding_a_host_to_another_providers_block_is_refused(omar, helios, northwind_ib, client_for):
+def test_adding_a_host_to_another_providers_block_is_refused(
+    omar, helios, northwind_ib, client_for, settings
+):
+    settings.VOLT_LOCAL_HOSTS_FOR_PROVIDERS = True  # as in the demo
     block = northwind_ib.blocks.first().pk
     body = {
         "provider": "helios",
@@ -229,7 +232,10 @@ def test_adding_a_host_for_a_provider_you_do_not_manage_is_400(omar, northwind, 
     assert response.json()["error"]["fields"]["provider"] == ["No provider 'northwind' among yours."]
 
 
-def test_adding_a_host_returns_202_and_onboards(priya, northwind, northwind_ib, client_for, committed):
+def test_adding_a_host_returns_202_and_onboards(
+    priya, northwind, northwind_ib, client_for, committed, settings
+):
+    settings.VOLT_LOCAL_HOSTS_FOR_PROVIDERS = True  # as in the demo
     body = {
         "provider": "northwind",
         "name": "new-a100",
@@ -245,7 +251,8 @@ def test_adding_a_host_returns_202_and_onboards(priya, northwind, northwind_ib, 
     assert host["state"] == "available" and host["gpu_count"] == 4
 
 
-def test_duplicate_host_name_is_400(priya, inventory, northwind_ib, client_for):
+def test_duplicate_host_name_is_400(priya, inventory, northwind_ib, client_for, settings):
+    settings.VOLT_LOCAL_HOSTS_FOR_PROVIDERS = True  # as in the demo
     body = {
         "provider": "northwind",
         "name": "iad1-h100-01",
@@ -285,14 +292,15 @@ def test_provider_registration_approval_flow(priya, root, client_for, make_user)
     assert duplicate.status_code == 400 and "name" in duplicate.json()["error"]["fields"]
 
 
-def test_pending_providers_hosts_are_not_offered(alice, make_user, client_for, iad1, add_local_host):
+def test_suspended_providers_hosts_are_not_offered(alice, make_user, client_for, iad1, add_local_host):
     from inventory import services
 
     owner = make_user("pending-owner")
-    provider = services.register_provider(owner, "Pending Co")
+    provider = services.review_provider(services.register_provider(owner, "Pending Co"), approve=True)
     fabric = services.create_fabric(provider, iad1, "p-ib", "ib_ndr", 400.0, 1.0, ["p1"])
     host = add_local_host(provider, fabric, "p-h100")
     assert host.state == HostState.AVAILABLE
+    services.review_provider(provider, approve=False)
     assert client_for(alice).get("/api/v1/offers/").json()["results"] == []
     assert client_for(owner).get("/api/v1/hosts/").json()["count"] == 1
 

@@ -60,7 +60,10 @@ def test_failed_host_page_shows_the_error_to_its_provider_only(client, priya, om
     assert client.get(f"/inventory/hosts/{hosts['bad'].pk}/").status_code == 404
 
 
-def test_provider_adds_local_host_through_the_form(client, priya, northwind, northwind_ib, committed):
+def test_provider_adds_local_host_through_the_form(
+    client, priya, northwind, northwind_ib, committed, settings
+):
+    settings.VOLT_LOCAL_HOSTS_FOR_PROVIDERS = True  # as in the demo
     client.force_login(priya)
     form = {
         "name": "iad1-a100-09",

@@ -111,13 +111,13 @@ def test_failed_host_is_never_offered(alice, northwind, northwind_ib, add_local_
     assert [(o["gpu_model"], o["free_gpus"], o["hosts"]) for o in offers] == [("H100-SXM", 8, 1)]
 
 
-def test_retry_after_fix_makes_host_available(northwind, northwind_ib, add_local_host, priya, committed):
+def test_retry_after_fix_makes_host_available(northwind, northwind_ib, add_local_host, root, committed):
     host = add_local_host(northwind, northwind_ib, "flaky", faults={"ecc_uncorrectable": ""})
     assert host.state == HostState.FAILED
     (services.sandbox_path(host) / "faults" / "ecc_uncorrectable").unlink()
 
     with committed():
-        services.act_on_host(host, "rediscover", priya)
+        services.act_on_host(host, "rediscover", root)  # local hosts: platform admins
 
     host.refresh_from_db()
     assert host.state == HostState.AVAILABLE and host.error_code == "" and host.gpus.count() == 8
@@ -134,7 +134,7 @@ def test_onboarding_task_redelivered_after_completion_changes_nothing(
     assert again.state == HostState.AVAILABLE and again.events.count() == events
 
 
-def test_add_host_queues_onboarding_through_celery(northwind, northwind_ib, priya, committed):
+def test_add_host_queues_onboarding_through_celery(northwind, northwind_ib, root, committed):
     block = northwind_ib.blocks.first()
     request = services.HostRequest(
         name="queued",
@@ -144,7 +144,7 @@ def test_add_host_queues_onboarding_through_celery(northwind, northwind_ib, priy
         local_spec=services.default_local_spec("A100", 4, northwind_ib.kind),
     )
     with committed():
-        host = services.add_host(northwind, request, actor=priya)
+        host = services.add_host(northwind, request, actor=root)
 
     host.refresh_from_db()
     assert host.state == HostState.AVAILABLE and host.gpu_count == 4

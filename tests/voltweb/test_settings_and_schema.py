@@ -1,5 +1,6 @@
 """Start-up configuration: clear failures on bad values, a clean deploy check, a clean OpenAPI schema."""
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,52 @@ def test_schema_and_docs_pages_are_served(client, alice):
     assert client.get("/api/schema/").status_code == 200
     docs = client.get("/api/docs/")
     assert docs.status_code == 200 and b"cdn" not in docs.content.lower()
+
+
+def test_debug_is_off_unless_set_so_the_source_secret_is_refused(tmp_path):
+    """Issue 9.6: with DEBUG unset, Volt used to run in debug mode with the dev SECRET_KEY."""
+    result = manage(
+        "check", env={"DJANGO_SETTINGS_MODULE": "voltweb.settings", "VOLT_DATA_DIR": str(tmp_path)}
+    )
+
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr
+
+
+def test_the_demo_turns_debug_on_for_itself_with_secrets_of_its_own(tmp_path):
+    unset = {"VOLT_ALLOW_LOCAL_HOSTS", "VOLT_LOCAL_HOSTS_FOR_PROVIDERS", "VOLT_ENCRYPTION_KEY"}
+    clean = {k: v for k, v in os.environ.items() if k not in PRODUCTION and k not in unset}
+
+    result = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--help"],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "voltweb.settings", "VOLT_DATA_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 0, result.stderr
+    secrets_file = tmp_path / "demo-secrets.json"
+    assert secrets_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_demo_secrets_are_generated_once_and_reused(tmp_path):
+    from voltweb.demo_env import prepare_demo_environment
+
+    first: dict[str, str] = {"VOLT_DATA_DIR": str(tmp_path)}
+    second: dict[str, str] = {"VOLT_DATA_DIR": str(tmp_path)}
+    chosen: dict[str, str] = {"VOLT_DATA_DIR": str(tmp_path), "SECRET_KEY": "an operator's own", "DEBUG": "0"}
+    path = prepare_demo_environment(first)
+    prepare_demo_environment(second)
+    prepare_demo_environment(chosen)
+
+    assert first["DEBUG"] == "1" and first["VOLT_ALLOW_LOCAL_HOSTS"] == "1"
+    assert len(first["SECRET_KEY"]) >= 50 and "insecure" not in first["SECRET_KEY"]
+    assert second["SECRET_KEY"] == first["SECRET_KEY"]
+    assert second["VOLT_ENCRYPTION_KEY"] == first["VOLT_ENCRYPTION_KEY"]
+    assert chosen["SECRET_KEY"] == "an operator's own" and chosen["DEBUG"] == "0"
+    assert path.stat().st_mode & 0o777 == 0o600
+    other = tmp_path / "elsewhere"
+    assert prepare_demo_environment({"VOLT_DATA_DIR": str(other)}) != path
+    assert json.loads((other / "demo-secrets.json").read_text())["SECRET_KEY"] != first["SECRET_KEY"]

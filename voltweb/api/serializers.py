@@ -1,3 +1,4 @@
+from django.utils import timezone
 from rest_framework import serializers
 
 from voltweb.models import ApiToken, Membership, Team
@@ -33,6 +34,16 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             "is_active",
         ]
         read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "is_active"]
+        extra_kwargs = {
+            "expires_at": {
+                "help_text": "When the token stops working; empty: after the default lifetime (90 days)."
+            }
+        }
+
+    def validate_expires_at(self, value):
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("Give a time in the future (or leave empty for the default).")
+        return value
 
 
 class IssuedTokenSerializer(ApiTokenSerializer):

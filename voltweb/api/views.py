@@ -1,11 +1,13 @@
 """Account API: your teams and your API tokens."""
 
+from django.views.decorators.debug import sensitive_variables
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from voltweb import services
+from voltweb.api.errors import ErrorResponseSerializer, ServiceError
 from voltweb.api.serializers import ApiTokenSerializer, IssuedTokenSerializer, TeamSerializer
 from voltweb.models import ApiToken
 
@@ -31,8 +33,21 @@ class ApiTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             return ApiToken.objects.none()
         return ApiToken.objects.filter(user=self.request.user)
 
-    @extend_schema(request=ApiTokenSerializer, responses={201: IssuedTokenSerializer})
+    @extend_schema(
+        request=ApiTokenSerializer,
+        responses={201: IssuedTokenSerializer, 400: ErrorResponseSerializer, 403: ErrorResponseSerializer},
+    )
+    @sensitive_variables("issued", "data")
     def create(self, request, *args, **kwargs):
+        """Create a token (signed-in session only: a bearer token cannot mint tokens, which would outlive
+        its own revocation). It expires at `expires_at`, or after the default lifetime (90 days)."""
+        if isinstance(request.auth, ApiToken):
+            raise ServiceError(
+                "API tokens are created from a signed-in console session (API tokens page), not with "
+                "another token.",
+                code="session_required",
+                status_code=403,
+            )
         serializer = ApiTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         issued = services.create_api_token(

@@ -2,8 +2,9 @@
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from inventory import services
@@ -88,6 +89,11 @@ class Command(BaseCommand):
     help = "Seed demo users, teams, providers and local hosts (discovered for real). Safe to run twice."
 
     def handle(self, *args, **options):
+        if not settings.VOLT_ALLOW_LOCAL_HOSTS:
+            raise CommandError(
+                "seed_demo adds local (simulated) hosts, which are off here: run `manage.py demo`, "
+                "or set VOLT_ALLOW_LOCAL_HOSTS=1."
+            )
         users = self._users()
         created = 0
         for provider_name, fabrics in INVENTORY.items():
