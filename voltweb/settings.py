@@ -13,6 +13,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from voltweb import namespace
 from voltweb.env import env_bool, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -153,7 +154,8 @@ else:
     VOLT_ENCRYPTION_KEY = base64.urlsafe_b64encode(hashlib.sha256(SECRET_KEY.encode()).digest()).decode()
 
 # --- Redis, Celery, Channels -------------------------------------------------------------------
-REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", {"redis", "rediss", "unix"})
+# Unset, each install (data dir) gets its own DB index, 1-15, so two checkouts never share queues.
+REDIS_URL = env_url("REDIS_URL", namespace.default_redis_url(VOLT_DATA_DIR), {"redis", "rediss", "unix"})
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
