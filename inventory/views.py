@@ -236,7 +236,7 @@ def host_new(request, slug):
         return redirect("inventory:fabric-new", slug=provider.slug)
     if request.method == "POST" and form.is_valid():
         try:
-            host = services.add_host(provider, _host_request(form.cleaned_data), actor=request.user)
+            host = services.add_host(provider, _host_request(form), actor=request.user)
         except ValidationError as exc:
             for field, errors in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errors)
@@ -246,14 +246,15 @@ def host_new(request, slug):
     return render(request, "inventory/host_form.html", {"form": form, "provider": provider})
 
 
-def _host_request(data: dict) -> services.HostRequest:
+def _host_request(form: HostForm) -> services.HostRequest:
+    data = form.cleaned_data
     local = data["driver"] == DriverKind.LOCAL
     spec = (
         services.default_local_spec(data["gpu_model"], data["gpu_count"], data["block"].fabric.kind)
         if local
         else None
     )
-    faults = {data["fault"]: "0"} if local and data.get("fault") else None
+    faults = form.fault_content() if local else None
     return services.HostRequest(
         name=data["name"],
         block=data["block"],

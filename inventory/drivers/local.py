@@ -34,19 +34,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from inventory.drivers import faults as fault_table
 from inventory.drivers.base import CommandResult, CommandTimeout, DriverError, HostDriver, HostUnreachable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FAULTS = (
-    "unreachable",
-    "nvidia_smi_garbage",
-    "nvidia_smi_missing",
-    "gpu_lost",
-    "ecc_uncorrectable",
-    "hot",
-    "partitioned",
-    "throttled",
-)
+FAULTS = fault_table.NAMES  # what each does, takes and applies to: inventory/drivers/faults.py
 _HEAD_ADDRESS = re.compile(r"--address=([0-9.]+):\d+")
 _TOOLS = ("nvidia-smi", "ibstat")
 
@@ -150,7 +142,7 @@ def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | Non
     for existing in (sandbox / "faults").iterdir():
         existing.unlink()
     for name, content in faults.items():
-        if name != "nvidia_smi_missing":
+        if not fault_table.BY_NAME[name].at_creation_only:
             (sandbox / "faults" / name).write_text(content)
     for tool in _TOOLS:
         path = sandbox / "bin" / tool
@@ -163,7 +155,7 @@ def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | Non
 
 def set_fault(sandbox: Path, name: str, content: str = "") -> None:
     """Inject a fault into a running sandbox (tests, demos)."""
-    if name not in FAULTS or name == "nvidia_smi_missing":
+    if name not in FAULTS or fault_table.BY_NAME[name].at_creation_only:
         raise ValueError(f"cannot inject {name!r} at run time")
     (sandbox / "faults" / name).write_text(content)
 
