@@ -179,7 +179,14 @@ def _free_port() -> int:
 
 
 def _use_redis(url: str) -> None:
-    """Point this process's cache, channel layer and Celery producer at `url` (none is connected yet)."""
+    """Point this process's cache, channel layer and Celery producer at `url`.
+
+    Settings were read before the embedded Redis existed; the system checks may already have built the
+    cache object, so it is dropped and built again from the changed settings on next use.
+    """
+    from channels.layers import channel_layers
+    from django.core.cache import caches
+
     from voltweb.celery import app as celery_app
 
     os.environ["REDIS_URL"] = url
@@ -187,6 +194,11 @@ def _use_redis(url: str) -> None:
     settings.CACHES["default"]["LOCATION"] = url
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [url]
     celery_app.conf.broker_url = url
+    try:
+        del caches["default"]
+    except AttributeError:  # not built yet
+        pass
+    channel_layers.backends.clear()
 
 
 def _check_port_free(port: int) -> None:
