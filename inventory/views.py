@@ -14,8 +14,9 @@ from django.views.decorators.http import require_POST
 
 from inventory import services
 from inventory.choices import DriverKind, FabricKind, HostState
-from inventory.filters import HostFilter, OfferFilter
+from inventory.filters import ConsoleHostFilter, ConsoleOfferFilter
 from inventory.forms import FabricForm, HostForm, ProviderForm
+from inventory.gpu_catalog import BY_MODEL
 from inventory.models import Provider
 from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
@@ -36,13 +37,18 @@ PAGE_SIZE = 25
 @login_required
 def offers(request):
     hosts = services.visible_hosts(request.user)
-    filterset = OfferFilter(request.GET, queryset=hosts)
+    filterset = ConsoleOfferFilter(request.GET, queryset=hosts)
     rows = services.offers(filterset.qs if filterset.is_valid() else hosts.none())
     kinds = dict(FabricKind.choices)
     for row in rows:
         row["fabric_label"] = kinds.get(row["fabric_kind"], row["fabric_kind"])
     chart = _offers_chart(rows)
-    context = {"filter": filterset, "offers": rows, "chart_json": json.dumps(chart)}
+    context = {
+        "filter": filterset,
+        "offers": rows,
+        "chart_json": json.dumps(chart),
+        "gpu_models": list(BY_MODEL),
+    }
     return render(request, "inventory/offers.html", context)
 
 
@@ -63,7 +69,7 @@ def _offers_chart(rows: list[dict]) -> dict:
 @login_required
 def hosts(request):
     queryset = services.visible_hosts(request.user).select_related("provider", "site", "fabric", "block")
-    filterset = HostFilter(request.GET, queryset=queryset)
+    filterset = ConsoleHostFilter(request.GET, queryset=queryset)
     sort = request.GET.get("sort", "price")
     rows = filterset.qs if filterset.is_valid() else queryset.none()
     rows = rows.order_by(HOST_SORTS.get(sort, "price_per_gpu_hour"), "id")
@@ -79,6 +85,7 @@ def hosts(request):
         "query": query.urlencode(),
         "sort_query": sort_query.urlencode(),
         "managed": services.managed_provider_ids(request.user),
+        "gpu_models": list(BY_MODEL),
     }
     return render(request, "inventory/hosts.html", context)
 

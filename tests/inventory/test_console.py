@@ -52,7 +52,9 @@ def test_invalid_filter_shows_inline_error_not_500(client, alice, hosts):
 def test_failed_host_page_shows_the_error_to_its_provider_only(client, priya, omar, hosts):
     client.force_login(priya)
     page = client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
-    assert "Onboarding failed" in page and "nvidia-smi is not installed" in page and "No GPUs recorded" in page
+    assert (
+        "Onboarding failed" in page and "nvidia-smi is not installed" in page and "No GPUs recorded" in page
+    )
     assert "Retry onboarding" in page
     client.force_login(omar)
     assert client.get(f"/inventory/hosts/{hosts['bad'].pk}/").status_code == 404
@@ -60,8 +62,15 @@ def test_failed_host_page_shows_the_error_to_its_provider_only(client, priya, om
 
 def test_provider_adds_local_host_through_the_form(client, priya, northwind, northwind_ib, committed):
     client.force_login(priya)
-    form = {"name": "iad1-a100-09", "block": northwind_ib.blocks.first().pk, "driver": "local",
-            "price_per_gpu_hour": "1.55", "gpu_model": "A100", "gpu_count": "8", "fault": ""}
+    form = {
+        "name": "iad1-a100-09",
+        "block": northwind_ib.blocks.first().pk,
+        "driver": "local",
+        "price_per_gpu_hour": "1.55",
+        "gpu_model": "A100",
+        "gpu_count": "8",
+        "fault": "",
+    }
     with committed():
         response = client.post(f"/inventory/providers/{northwind.slug}/hosts/new/", form)
     host = Host.objects.get(name="iad1-a100-09")
@@ -91,12 +100,23 @@ def test_provider_registers_adds_fabric_and_platform_admin_approves(client, make
     response = client.post("/inventory/providers/new/", {"name": "Nebula Racks", "contact_email": ""})
     provider = Provider.objects.get(name="Nebula Racks")
     assert response.url == f"/inventory/providers/{provider.slug}/" and provider.status == "pending"
-    fabric = {"site": "", "new_site_name": "fra2", "new_site_region": "eu-central", "name": "fra2-ib",
-              "kind": "ib_hdr", "per_host_gbytes_per_s": "", "oversubscription": "1", "blocks": "r1, r2"}
+    fabric = {
+        "site": "",
+        "new_site_name": "fra2",
+        "new_site_region": "eu-central",
+        "name": "fra2-ib",
+        "kind": "ib_hdr",
+        "per_host_gbytes_per_s": "",
+        "oversubscription": "1",
+        "blocks": "r1, r2",
+    }
     assert client.post(f"/inventory/providers/{provider.slug}/fabrics/new/", fabric).status_code == 302
     assert list(provider.fabrics.get().blocks.values_list("name", flat=True)) == ["r1", "r2"]
 
-    assert client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"}).status_code == 404
+    assert (
+        client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"}).status_code
+        == 404
+    )
     client.force_login(root)
     client.post(f"/inventory/providers/{provider.slug}/review/", {"decision": "approve"})
     provider.refresh_from_db()
@@ -117,3 +137,20 @@ def test_teams_page_lists_only_my_teams(client, alice, bob):
     client.force_login(bob)
     page = client.get("/teams/").content.decode()
     assert "Lab B" in page and "Lab A" not in page
+
+
+@pytest.mark.parametrize("typed", ["a100", "A10", " a 100 "])
+def test_model_filter_matches_as_a_researcher_types(client, alice, hosts, typed):
+    client.force_login(alice)
+    page = client.get("/inventory/hosts/", {"model": typed}).content.decode()
+    assert "ams1-a100-01" in page and "iad1-h100-01" not in page
+    offers = client.get("/inventory/", {"model": typed}).content.decode()
+    assert "eu-west" in offers and "us-east" not in offers
+
+
+def test_api_model_filter_stays_exact(client, alice, hosts):
+    client.force_login(alice)
+    assert client.get("/api/v1/hosts/", {"model": "A10"}).json()["results"] == []
+    assert [h["name"] for h in client.get("/api/v1/hosts/", {"model": "a100"}).json()["results"]] == [
+        "ams1-a100-01"
+    ]
