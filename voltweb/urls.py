@@ -28,3 +28,8 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
 ]
+
+# The console's own error pages (with DEBUG on, voltweb.errors.ErrorPagesMiddleware shows them too).
+handler403 = "voltweb.errors.permission_denied"
+handler404 = "voltweb.errors.not_found"
+handler500 = "voltweb.errors.server_error"
