@@ -234,6 +234,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",  # served by the app: no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # No request may leave the server: Swagger UI's validator badge would call validator.swagger.io
+    # (and templates/drf_spectacular/redoc.html drops Redoc's Google Fonts).
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 # --- Volt behaviour ----------------------------------------------------------------------------
