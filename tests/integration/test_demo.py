@@ -168,8 +168,8 @@ def test_ctrl_c_stops_every_process_the_demo_started_ray_nodes_included(tmp_path
 
         # What CI does with `volt`: create and wait for READY, read it, read its timeline, tear it down.
         first = volt(demo, port, token, "clusters", "create", "--name", "ci-one", "--nodes", "1",
-                     "--gpu", "L40S:4", "--wait", "--timeout", str(CLUSTER_TIMEOUT_S))  # fmt: skip
-        assert first["status"] == "ready" and first["ray_address"], first
+                     "--gpu", "A100:8", "--wait", "--timeout", str(CLUSTER_TIMEOUT_S))  # fmt: skip
+        assert first["status"] == "ready" and first["connection"]["ray_address"], first
         got = volt(demo, port, token, "clusters", "get", str(first["id"]))
         assert got["status"] == "ready" and len(got["nodes"]) == 1
         events = volt(demo, port, token, "clusters", "events", str(first["id"]))
@@ -179,7 +179,7 @@ def test_ctrl_c_stops_every_process_the_demo_started_ray_nodes_included(tmp_path
 
         # A 2-node cluster left READY when the user presses Ctrl-C.
         second = volt(demo, port, token, "clusters", "create", "--name", "left-running", "--nodes", "2",
-                      "--gpu", "RTX 4090:4", "--wait", "--timeout", str(CLUSTER_TIMEOUT_S))  # fmt: skip
+                      "--gpu", "H100:8", "--wait", "--timeout", str(CLUSTER_TIMEOUT_S))  # fmt: skip
         assert second["status"] == "ready", second
         before = processes_of(data_dir)
         ray = {
@@ -189,11 +189,12 @@ def test_ctrl_c_stops_every_process_the_demo_started_ray_nodes_included(tmp_path
 
         os.killpg(demo.proc.pid, signal.SIGINT)
         assert demo.proc.wait(timeout=STOP_TIMEOUT_S) == 0
+        output = demo.drain()
+        # Checked before the clean-up below, which kills whatever is left.
+        left = alive_per_ps(before) | alive_per_ps(processes_of(data_dir))
+        assert not left, {pid: before.get(pid, "") for pid in left}
     finally:
         demo.kill()
-        output = demo.drain()
-    left = alive_per_ps(before) | alive_per_ps(processes_of(data_dir))
-    assert not left, {pid: before.get(pid, "") for pid in left}
     assert "Terminated 1 cluster(s): left-running." in output, output[-3000:]
     with sqlite3.connect(data_dir / "volt.sqlite3") as db:
         statuses = dict(db.execute("SELECT name, status FROM clusters_cluster"))
