@@ -45,33 +45,58 @@ def stop_all_clusters(reason: str) -> list[str]:
     return stopped
 
 
-def install_marked_pids() -> list[int]:
-    """PIDs on this machine whose environment marks them as a Ray node process of this install."""
+def install_node_pids() -> list[int]:
+    """PIDs on this machine of this install's Ray node processes (local hosts run on this machine).
+
+    The environment marker alone misses some: Ray's agents and workers set their process title over
+    their environment (/proc/PID/environ then reads as zeros). Every one of them still works in this
+    install's host sandboxes or Ray temp folder (cwd) or writes its logs there (open files), so those
+    are matched too.
+    """
     prefix = f"{NODE_MARKER_VAR}=volt-{namespace.current_id()}-".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    places = (
+        str(Path(settings.VOLT_DATA_DIR).resolve() / "hosts") + "/",
+        namespace.ray_temp_root(settings.VOLT_DATA_DIR) + "/",
+    )
+    own = os.getpid()
+    return sorted(
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and int(entry.name) != own and _belongs(entry, prefix, places)
+    )
+
+
+def _belongs(proc: Path, prefix: bytes, places: tuple[str, ...]) -> bool:
+    try:
+        if any(item.startswith(prefix) for item in (proc / "environ").read_bytes().split(b"\0")):
+            return True
+        links = [proc / "cwd", *(proc / "fd").iterdir()]
+    except OSError:  # gone, or another user's
+        return False
+    for link in links:
         try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or another user's
+            target = os.readlink(link)
+        except OSError:
             continue
-        if any(item.startswith(prefix) for item in environ.split(b"\0")):
-            found.append(int(entry.name))
-    return sorted(found)
+        if (target + "/").startswith(places):
+            return True
+    return False
 
 
 def kill_leftover_nodes(wait_s: float = 5.0) -> list[int]:
-    """SIGKILL this install's remaining Ray node processes; returns the PIDs that were found."""
-    pids = install_marked_pids()
+    """SIGKILL this install's remaining Ray node processes; returns the PIDs that were found.
+
+    Called once the demo's own web, worker and beat have exited (their cwd is the checkout, not a sandbox).
+    """
+    pids = install_node_pids()
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + wait_s
-    while install_marked_pids() and time.monotonic() < deadline:
+    while install_node_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
-    if not install_marked_pids():
+    if not install_node_pids():
         shutil.rmtree(namespace.ray_temp_root(settings.VOLT_DATA_DIR), ignore_errors=True)
     return pids

@@ -116,20 +116,33 @@ def volt(demo: Demo, port: int, token: str, *args: str, timeout_s: float = CLUST
 
 
 def processes_of(data_dir: Path) -> dict[int, str]:
-    """PID -> command line of every process of this demo: its environment names the data dir (web, worker,
-    beat, Redis) or carries its install's Ray node marker (Ray nodes, their workers and job drivers)."""
+    """PID -> command line of every process of this demo, found the ways `ps` and /proc allow: its
+    environment names the data dir (web, worker, beat) or carries its install's Ray node marker, or it
+    works in (cwd) or writes into (open files) the data dir or the install's Ray temp folder. The latter
+    find the Ray agents and workers that overwrite their environment with their process title, and Redis.
+    """
     ray_marker = f"VOLT_RAY_NODE=volt-{namespace.install_id(data_dir)}-".encode()
     data_marker = f"VOLT_DATA_DIR={data_dir}".encode()
+    places = (str(data_dir.resolve()) + "/", namespace.ray_temp_root(data_dir) + "/")
     found = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            links = [entry / "cwd", *(entry / "fd").iterdir()]
         except OSError:
             continue
-        if any(item.startswith(ray_marker) or item == data_marker for item in environ):
+        targets = []
+        for link in links:
+            try:
+                targets.append(os.readlink(link) + "/")
+            except OSError:
+                pass
+        if any(item.startswith(ray_marker) or item == data_marker for item in environ) or any(
+            target.startswith(places) for target in targets
+        ):
             found[int(entry.name)] = cmdline
     return found
 
