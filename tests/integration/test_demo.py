@@ -189,6 +189,9 @@ def test_ctrl_c_stops_every_process_the_demo_started_ray_nodes_included(tmp_path
         assert [e["to_status"] for e in events][-1] == "ready"
         ended = volt(demo, port, token, "clusters", "terminate", str(first["id"]), "--wait")
         assert ended["status"] == "terminated"
+        # Terminating (the worker's teardown, not the demo's exit) left no Ray process: it was the only cluster.
+        left_by_terminate = {pid: cmd for pid, cmd in processes_of(data_dir).items() if "ray" in cmd}
+        assert not left_by_terminate, left_by_terminate
 
         # A 2-node cluster left READY when the user presses Ctrl-C.
         second = volt(demo, port, token, "clusters", "create", "--name", "left-running", "--nodes", "2",
