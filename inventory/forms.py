@@ -9,9 +9,8 @@ from inventory.drivers import faults as fault_table
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import Block, Provider, Site
 
-FAULT_CHOICES = [("", "None: healthy host")] + [
-    (f.name, f"{f.label}: {f.description}") for f in fault_table.CATALOG
-]
+# Options read as the fault's name; the page shows the chosen one's description (its title) below.
+FAULT_CHOICES = [("", "None: healthy host")] + [(f.name, f.label) for f in fault_table.CATALOG]
 
 
 class FaultSelect(forms.Select):
@@ -24,6 +23,7 @@ class FaultSelect(forms.Select):
             models = [m for m in BY_MODEL if fault.applies_to(fault_table.HostKind(m)) is None]
             machine = fault.machine_check() if fault.machine_check else None
             option["attrs"]["data-models"] = "|".join(models) if not machine else ""
+            option["attrs"]["title"] = fault.description
             if machine:
                 option["attrs"]["disabled"] = True
                 option["label"] = f"{option['label']} (unavailable: {machine})"
