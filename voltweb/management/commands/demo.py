@@ -147,14 +147,21 @@ class Command(BaseCommand):
     def _stop(self, children) -> None:
         for child in children:
             if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
+                # The main process only: Celery's warm shutdown lets its pool finish the task at hand
+                # (a group-wide SIGTERM killed the pool mid-task: WorkerLostError). SIGKILL below
+                # takes the whole group if it is not done in time.
+                child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         for child in children:
             try:
                 child.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                pass
+            try:  # whatever of its group is still there (all of it, if it did not stop in time)
                 os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+            except ProcessLookupError:
+                pass
+            child.wait()
 
     def _stop_clusters(self) -> None:
         """Terminate every cluster its worker brought up: their Ray nodes outlive the worker otherwise."""
