@@ -70,7 +70,7 @@ class Cluster(models.Model):
 
     @property
     def shape(self) -> str:
-        """"2 × 8 H100": nodes × GPUs per node and the model placed (or the models asked for, until placed)."""
+        """Nodes × GPUs per node and the model placed (or the models asked for, until placed): 2 × 8 H100."""
         models_text = self.gpu_model or " / ".join(self.spec.get("gpu_models", []))
         return f"{self.spec.get('nodes')} × {self.spec.get('gpus_per_node')} {models_text}"
 
