@@ -68,6 +68,12 @@ class Cluster(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
 
+    @property
+    def shape(self) -> str:
+        """Nodes × GPUs per node and the model placed (or the models asked for, until placed): 2 × 8 H100."""
+        models_text = self.gpu_model or " / ".join(self.spec.get("gpu_models", []))
+        return f"{self.spec.get('nodes')} × {self.spec.get('gpus_per_node')} {models_text}"
+
 
 class ClusterNode(models.Model):
     """One node of a placed cluster: a host, its rank, and (pipeline parallel) its stage."""

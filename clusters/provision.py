@@ -39,7 +39,7 @@ from inventory import services as inventory
 from inventory.choices import DriverKind, HostState
 from inventory.drivers.base import DriverError, fan_out
 from inventory.models import Host
-from voltweb import crypto
+from voltweb import crypto, namespace
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class NoReplacement(Exception):
 
 
 def ray_cluster_id(cluster: Cluster) -> str:
-    return f"volt-{cluster.pk}"
+    """The cluster's name on its hosts (workdir, process marker): the install's id keeps two Volts apart."""
+    return f"volt-{namespace.current_id()}-{cluster.pk}"
 
 
 # --- the task body -----------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def _start(cluster: Cluster, node: ClusterNode, driver, head_address: str | None
         "num_gpus": len(node.gpu_indices),
         "gpu_indices": node.gpu_indices,
         "host_id": node.host_id,
-        "temp_dir": f"/tmp/volt-ray/{cluster.pk}-{node.slot}",
+        "temp_dir": f"{namespace.ray_temp_root(settings.VOLT_DATA_DIR)}/{cluster.pk}-{node.slot}",
         "python": _python_for(node.host),
         "env": _node_env(node.host),
     }
@@ -324,7 +325,9 @@ def _claim_slot(node: ClusterNode) -> int:
                 machine=node.machine, released_at__isnull=True, slot__isnull=False
             ).values_list("slot", flat=True)
         )
-        usable = (s for s in range(ray_nodes.MAX_SLOT + 1) if s not in taken)
+        start = namespace.first_slot(settings.VOLT_DATA_DIR)  # this install's end of the range first
+        order = [(start + i) % (ray_nodes.MAX_SLOT + 1) for i in range(ray_nodes.MAX_SLOT + 1)]
+        usable = (s for s in order if s not in taken)
         if node.machine == "local":  # another Volt (a demo, a test run) may use this machine's ports too
             usable = (s for s in usable if _ports_free(ray_nodes.ports_for(s)))
         slot = next(usable, None)

@@ -138,7 +138,8 @@ def _probe_hosts(cluster) -> list[dict]:
     result = cluster.probe_result or {}
     if not result.get("hosts"):
         return []
-    names = dict(cluster.nodes.filter(released_at__isnull=True).values_list("host__address", "host__name"))
+    # Every node it ever had: a terminated cluster's nodes are all released, its probe still names them.
+    names = dict(cluster.nodes.values_list("host__address", "host__name"))
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     return [
         {

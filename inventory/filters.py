@@ -2,7 +2,8 @@
 
 import django_filters
 from django import forms
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.functions import Lower, Replace
 
 from inventory.choices import INTERCONNECT_FAMILIES, FabricKind, GpuHealth, HostState
 from inventory.gpu_catalog import catalog_matches
@@ -128,6 +129,34 @@ class OfferFilter(django_filters.FilterSet):
 
     def filter_interconnect(self, queryset, name, value):
         return _filter_interconnect(queryset, "", value)
+
+
+def _filter_model_loosely(queryset, name, value):
+    """As a researcher types: "4090", "rtx4090" and "RTX 4090" all find RTX 4090 hosts (case, spaces ignored)."""
+    wanted = value.lower().replace(" ", "")
+    return queryset.alias(model_key=Replace(Lower("gpu_model"), Value(" "), Value(""))).filter(
+        model_key__contains=wanted
+    )
+
+
+def _loose_model_filter() -> django_filters.CharFilter:
+    return django_filters.CharFilter(
+        method=_filter_model_loosely,
+        label="GPU model",
+        widget=forms.TextInput(attrs={"list": "gpu-models", "placeholder": "e.g. H100, 4090"}),
+    )
+
+
+class ConsoleHostFilter(HostFilter):
+    """The console's host filter: the model matches part of the name (the API keeps exact names)."""
+
+    model = _loose_model_filter()
+
+
+class ConsoleOfferFilter(OfferFilter):
+    """The console's offer filter: the model matches part of the name (the API keeps exact names)."""
+
+    model = _loose_model_filter()
 
 
 class GpuFilter(django_filters.FilterSet):

@@ -5,11 +5,34 @@ from decimal import Decimal
 from django import forms
 
 from inventory.choices import DriverKind, FabricKind
-from inventory.drivers.local import FAULTS
+from inventory.drivers import faults as fault_table
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import Block, Provider, Site
 
-FAULT_CHOICES = [("", "None: healthy host")] + [(f, f.replace("_", " ")) for f in FAULTS]
+# Options read as the fault's name; the page shows the chosen one's description (its title) below.
+FAULT_CHOICES = [("", "None: healthy host")] + [(f.name, f.label) for f in fault_table.CATALOG]
+
+
+class FaultSelect(forms.Select):
+    """Each option carries what the page needs to offer it only where it works (see faults.py)."""
+
+    def create_option(self, name, value, *args, **kwargs):
+        option = super().create_option(name, value, *args, **kwargs)
+        fault = fault_table.BY_NAME.get(str(value))
+        if fault is not None:
+            models = [m for m in BY_MODEL if fault.applies_to(fault_table.HostKind(m)) is None]
+            machine = fault.machine_check() if fault.machine_check else None
+            option["attrs"]["data-models"] = "|".join(models) if not machine else ""
+            option["attrs"]["title"] = fault.description
+            if machine:
+                option["attrs"]["disabled"] = True
+                option["label"] = f"{option['label']} (unavailable: {machine})"
+            if fault.value:
+                option["attrs"]["data-value-label"] = fault.value.label
+                option["attrs"]["data-min"] = fault.value.minimum
+                option["attrs"]["data-max"] = fault.value.maximum
+                option["attrs"]["data-default"] = fault.value.default
+        return option
 
 
 class ProviderForm(forms.Form):
@@ -55,10 +78,12 @@ class HostForm(forms.Form):
     gpu_count = forms.IntegerField(min_value=1, max_value=16, initial=8, required=False, label="GPUs (local)")
     fault = forms.ChoiceField(
         choices=FAULT_CHOICES,
+        widget=FaultSelect,
         required=False,
         label="Inject fault (local)",
         help_text="Simulate a broken host to see how onboarding reports it.",
     )
+    fault_value = forms.IntegerField(required=False, label="Fault value")
     address = forms.CharField(max_length=255, required=False, help_text="SSH: IP or DNS name.")
     ssh_port = forms.IntegerField(min_value=1, max_value=65535, initial=22, required=False)
     ssh_user = forms.CharField(max_length=64, required=False, initial="root")
@@ -83,6 +108,21 @@ class HostForm(forms.Form):
             f"{b.fabric.site.name} / {b.fabric.name} / {b.name}"
         )
 
+    def _check_fault(self, data: dict) -> None:
+        fault = fault_table.BY_NAME.get(data.get("fault") or "")
+        if fault is None or not data.get("gpu_model"):
+            return
+        block = data.get("block")
+        kind = fault_table.HostKind(data["gpu_model"], block.fabric.kind if block else "")
+        problem = fault.problem(kind, data.get("fault_value"))
+        if problem:
+            self.add_error(*problem)
+
+    def fault_content(self) -> dict[str, str] | None:
+        """The sandbox's fault files for a valid local host form, or None for a healthy host."""
+        fault = fault_table.BY_NAME.get(self.cleaned_data.get("fault") or "")
+        return {fault.name: fault.content(self.cleaned_data.get("fault_value"))} if fault else None
+
     def clean(self):
         data = super().clean()
         if data.get("driver") == DriverKind.LOCAL:
@@ -90,6 +130,7 @@ class HostForm(forms.Form):
                 self.add_error("gpu_model", "Local hosts need a GPU model.")
             if not data.get("gpu_count"):
                 self.add_error("gpu_count", "Local hosts need a GPU count.")
+            self._check_fault(data)
         elif data.get("driver") == DriverKind.SSH:
             if not data.get("address"):
                 self.add_error("address", "SSH hosts need an address.")

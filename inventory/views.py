@@ -15,8 +15,9 @@ from django.views.decorators.http import require_POST
 
 from inventory import services, validation
 from inventory.choices import DriverKind, FabricKind, HostState
-from inventory.filters import HostFilter, OfferFilter
+from inventory.filters import ConsoleHostFilter, ConsoleOfferFilter
 from inventory.forms import FabricForm, HostForm, ProviderForm
+from inventory.gpu_catalog import BY_MODEL
 from inventory.models import Provider
 from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
@@ -37,13 +38,18 @@ PAGE_SIZE = 25
 @login_required
 def offers(request):
     hosts = services.visible_hosts(request.user)
-    filterset = OfferFilter(request.GET, queryset=hosts)
+    filterset = ConsoleOfferFilter(request.GET, queryset=hosts)
     rows = services.offers(filterset.qs if filterset.is_valid() else hosts.none())
     kinds = dict(FabricKind.choices)
     for row in rows:
         row["fabric_label"] = kinds.get(row["fabric_kind"], row["fabric_kind"])
     chart = _offers_chart(rows)
-    context = {"filter": filterset, "offers": rows, "chart_json": json.dumps(chart)}
+    context = {
+        "filter": filterset,
+        "offers": rows,
+        "chart_json": json.dumps(chart),
+        "gpu_models": list(BY_MODEL),
+    }
     return render(request, "inventory/offers.html", context)
 
 
@@ -64,7 +70,7 @@ def _offers_chart(rows: list[dict]) -> dict:
 @login_required
 def hosts(request):
     queryset = services.visible_hosts(request.user).select_related("provider", "site", "fabric", "block")
-    filterset = HostFilter(request.GET, queryset=queryset)
+    filterset = ConsoleHostFilter(request.GET, queryset=queryset)
     sort = request.GET.get("sort", "price")
     rows = filterset.qs if filterset.is_valid() else queryset.none()
     rows = rows.order_by(HOST_SORTS.get(sort, "price_per_gpu_hour"), "id")
@@ -80,6 +86,7 @@ def hosts(request):
         "query": query.urlencode(),
         "sort_query": sort_query.urlencode(),
         "managed": services.managed_provider_ids(request.user),
+        "gpu_models": list(BY_MODEL),
     }
     return render(request, "inventory/hosts.html", context)
 
@@ -248,7 +255,7 @@ def host_new(request, slug):
         return redirect("inventory:fabric-new", slug=provider.slug)
     if request.method == "POST" and form.is_valid():
         try:
-            host = services.add_host(provider, _host_request(form.cleaned_data), actor=request.user)
+            host = services.add_host(provider, _host_request(form), actor=request.user)
         except validation.HostRefused as exc:
             form.add_error("driver" if exc.code.startswith("local") else None, exc.message)
         except ValidationError as exc:
@@ -260,14 +267,15 @@ def host_new(request, slug):
     return render(request, "inventory/host_form.html", {"form": form, "provider": provider})
 
 
-def _host_request(data: dict) -> services.HostRequest:
+def _host_request(form: HostForm) -> services.HostRequest:
+    data = form.cleaned_data
     local = data["driver"] == DriverKind.LOCAL
     spec = (
         services.default_local_spec(data["gpu_model"], data["gpu_count"], data["block"].fabric.kind)
         if local
         else None
     )
-    faults = {data["fault"]: "0"} if local and data.get("fault") else None
+    faults = form.fault_content() if local else None
     return services.HostRequest(
         name=data["name"],
         block=data["block"],

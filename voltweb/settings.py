@@ -15,6 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from voltweb import namespace
 from voltweb.env import env_bool, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -59,6 +60,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "voltweb.middleware.InputGuardMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "voltweb.errors.ErrorPagesMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -159,7 +161,8 @@ else:
     VOLT_ENCRYPTION_KEY = base64.urlsafe_b64encode(hashlib.sha256(SECRET_KEY.encode()).digest()).decode()
 
 # --- Redis, Celery, Channels -------------------------------------------------------------------
-REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", {"redis", "rediss", "unix"})
+# Unset, each install (data dir) gets its own DB index, 1-15, so two checkouts never share queues.
+REDIS_URL = env_url("REDIS_URL", namespace.default_redis_url(VOLT_DATA_DIR), {"redis", "rediss", "unix"})
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
@@ -248,6 +251,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",  # served by the app: no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # No request may leave the server: Swagger UI's validator badge would call validator.swagger.io
+    # (and templates/drf_spectacular/redoc.html drops Redoc's Google Fonts).
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 # --- Volt behaviour ----------------------------------------------------------------------------

@@ -30,3 +30,8 @@ urlpatterns = [
     # Last: any other /api/ URL answers the API's JSON 404, not an HTML page.
     re_path(r"^api/", views.api_not_found, name="api-not-found"),
 ]
+
+# The console's own error pages (with DEBUG on, voltweb.errors.ErrorPagesMiddleware shows them too).
+handler403 = "voltweb.errors.permission_denied"
+handler404 = "voltweb.errors.not_found"
+handler500 = "voltweb.errors.server_error"

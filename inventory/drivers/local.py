@@ -38,25 +38,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from inventory.drivers import faults as fault_table
 from inventory.drivers.base import CommandResult, CommandTimeout, DriverError, HostDriver, HostUnreachable
 from inventory.drivers.simulator import sysfs_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FAULTS = (
-    "unreachable",
-    "nvidia_smi_garbage",
-    "nvidia_smi_missing",
-    "ibstat_missing",
-    "driver_not_loaded",
-    "gpu_lost",
-    "ecc_uncorrectable",
-    "hot",
-    "partitioned",
-    "throttled",
-)
+FAULTS = fault_table.NAMES  # what each does, takes and applies to: inventory/drivers/faults.py
 _HEAD_ADDRESS = re.compile(r"--address=([0-9.]+):\d+")
 _TOOLS = ("nvidia-smi", "ibstat")
-_CREATION_FAULTS = {"nvidia_smi_missing", "ibstat_missing"}  # a tool left out of bin/, not a fault file
 
 
 class LocalDriver(HostDriver):
@@ -158,7 +147,7 @@ def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | Non
     for existing in (sandbox / "faults").iterdir():
         existing.unlink()
     for name, content in faults.items():
-        if name not in _CREATION_FAULTS:
+        if not fault_table.BY_NAME[name].at_creation_only:
             (sandbox / "faults" / name).write_text(content)
     shutil.rmtree(sandbox / "sys", ignore_errors=True)
     for relative, content in sysfs_tree(dict(spec)).items():
@@ -175,7 +164,7 @@ def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | Non
 
 def set_fault(sandbox: Path, name: str, content: str = "") -> None:
     """Inject a fault into a running sandbox (tests, demos)."""
-    if name not in FAULTS or name in _CREATION_FAULTS:
+    if name not in FAULTS or fault_table.BY_NAME[name].at_creation_only:
         raise ValueError(f"cannot inject {name!r} at run time")
     (sandbox / "faults" / name).write_text(content)
 

@@ -4,6 +4,7 @@ import pytest
 
 from clusters.models import Cluster
 from clusters.tasks import terminate_cluster_task
+from inventory.models import Host
 
 pytestmark = pytest.mark.django_db
 
@@ -92,7 +93,9 @@ def test_terminate_button_hands_the_host_work_to_a_worker(client, alice, rack, c
     # the request's commit would send the task: run it as the worker would
     assert terminate_cluster_task.apply(args=(cluster.pk,)).get() == "terminated"
     assert not cluster.allocations.filter(active=True).exists()
-    assert "Ray processes stopped and GPUs released" in client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert (
+        "Ray processes stopped and GPUs released" in client.get(f"/clusters/{cluster.pk}/").content.decode()
+    )
 
 
 def test_other_team_cannot_open_cluster_page(client, alice, bob, rack, committed):
@@ -102,3 +105,56 @@ def test_other_team_cannot_open_cluster_page(client, alice, bob, rack, committed
     client.force_login(bob)
     assert client.get(f"/clusters/{Cluster.objects.get().pk}/").status_code == 404
     assert "llama-ft" not in client.get("/clusters/").content.decode()
+
+
+def ready(cluster: Cluster, **fields) -> None:
+    """Test setup: the cluster as provisioning leaves it at READY (the Ray side has its own tests)."""
+    Cluster.objects.filter(pk=cluster.pk).update(
+        status="ready", ray_address="10.9.0.1:20000", dashboard_url="http://10.9.0.1:20001",
+        storage_path="~/volt/clusters/x/storage", **fields,
+    )  # fmt: skip
+
+
+def test_cluster_list_shape_column_names_the_placed_model(client, alice, rack, committed):
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM)
+    page = client.get("/clusters/").content.decode()
+    assert '<td class="shape">2 × 8 H100</td>' in page and "H/1/0/0" not in page
+
+
+def test_ready_local_cluster_offers_no_ssh_key_download(client, alice, rack, committed):
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM)
+    cluster = Cluster.objects.get()
+    Host.objects.filter(pk__in=cluster.nodes.values("host")).update(driver="local")
+    ready(cluster)
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "local sandbox hosts: no SSH" in page and "Download SSH key" not in page
+
+    Host.objects.filter(pk__in=cluster.nodes.values("host")).update(driver="ssh")
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "ssh -i volt-cluster-" in page and "Download SSH key" in page
+
+
+def test_terminated_clusters_probe_table_still_names_its_hosts(client, alice, rack, committed):
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM)
+    cluster = Cluster.objects.get()
+    nodes = list(cluster.nodes.select_related("host").order_by("rank"))
+    hosts = [
+        {"rank": n.rank, "node_ip": n.host.address, "local_gbps": 10.0 + n.rank, "link_gbps": 1.0}
+        for n in nodes
+    ]
+    ready(cluster, probe_result={"nodes": 2, "backend": "gloo", "results": [], "hosts": hosts})
+    with committed():
+        client.post(f"/clusters/{cluster.pk}/terminate/")
+    terminate_cluster_task.apply(args=(cluster.pk,)).get()
+    assert not cluster.nodes.filter(released_at__isnull=True).exists()
+
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    table = page.split('id="probe-hosts"')[1].split("</table>")[0]
+    for node in nodes:
+        assert f"<td>{node.host.name}</td>" in table and node.host.address not in table

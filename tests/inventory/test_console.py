@@ -140,3 +140,20 @@ def test_teams_page_lists_only_my_teams(client, alice, bob):
     client.force_login(bob)
     page = client.get("/teams/").content.decode()
     assert "Lab B" in page and "Lab A" not in page
+
+
+@pytest.mark.parametrize("typed", ["a100", "A10", " a 100 "])
+def test_model_filter_matches_as_a_researcher_types(client, alice, hosts, typed):
+    client.force_login(alice)
+    page = client.get("/inventory/hosts/", {"model": typed}).content.decode()
+    assert "ams1-a100-01" in page and "iad1-h100-01" not in page
+    offers = client.get("/inventory/", {"model": typed}).content.decode()
+    assert "eu-west" in offers and "us-east" not in offers
+
+
+def test_api_model_filter_stays_exact(client, alice, hosts):
+    client.force_login(alice)
+    assert client.get("/api/v1/hosts/", {"model": "A10"}).json()["results"] == []
+    assert [h["name"] for h in client.get("/api/v1/hosts/", {"model": "a100"}).json()["results"]] == [
+        "ams1-a100-01"
+    ]

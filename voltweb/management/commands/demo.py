@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +13,8 @@ import urllib.request
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from voltweb import embedded_redis
 
@@ -25,17 +28,31 @@ class Command(BaseCommand):
         parser.add_argument("--exit-after", type=float, default=0, help="Stop after N seconds (smoke tests).")
 
     def handle(self, port, no_seed, exit_after, **options):
+        _check_port_free(port)
+        children: list[subprocess.Popen] = []
+        redis: list[subprocess.Popen] = []  # stopped last: stopping clusters still broadcasts through it
+        try:
+            self._run(port, no_seed, exit_after, children, redis)
+        finally:
+            self._stop(children)  # web, worker and beat first: nothing starts a Ray node after this
+            self._stop_clusters()
+            self._stop(redis)
+            self.stdout.write("Demo stopped.")
+
+    def _run(self, port, no_seed, exit_after, children, redis) -> None:
+        redis_url = settings.REDIS_URL
+        if not embedded_redis.answers(redis_url):
+            # A port of its own (not the fixed default): a second install's demo must not share it.
+            redis_url, proc = embedded_redis.start_embedded(
+                port=_free_port(), data_dir=settings.VOLT_DATA_DIR / "redis"
+            )
+            redis.append(proc)
+            self.stdout.write(f"No Redis at {settings.REDIS_URL}; started an embedded one at {redis_url}.")
+            _use_redis(redis_url)  # before seeding: it writes the cache and broadcasts
         call_command("migrate", interactive=False, verbosity=0)
         if not no_seed:
             call_command("seed_demo")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        children: list[subprocess.Popen] = []
-        redis_url = settings.REDIS_URL
-        if not embedded_redis.answers(redis_url):
-            redis_url, proc = embedded_redis.start_embedded(data_dir=settings.VOLT_DATA_DIR / "redis")
-            children.append(proc)
-            self.stdout.write(f"No Redis at {settings.REDIS_URL}; started an embedded one at {redis_url}.")
-        env["REDIS_URL"] = redis_url
+        env = dict(os.environ, PYTHONUNBUFFERED="1", REDIS_URL=redis_url)
 
         python = sys.executable
         queues = ",".join(settings.VOLT_QUEUES)
@@ -70,14 +87,11 @@ class Command(BaseCommand):
                 str(settings.VOLT_DATA_DIR / "celerybeat-schedule"),
             ],
         }
-        try:
-            for cmd in commands.values():
-                children.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-            self._wait_for_web(port, children)
-            self._announce(port)
-            self._supervise(children, exit_after)
-        finally:
-            self._stop(children)
+        for cmd in commands.values():
+            children.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        self._wait_for_web(port, children)
+        self._announce(port)
+        self._supervise(children + redis, exit_after)
 
     def _wait_for_web(self, port: int, children) -> None:
         deadline = time.monotonic() + 60
@@ -133,12 +147,78 @@ class Command(BaseCommand):
     def _stop(self, children) -> None:
         for child in children:
             if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
+                # The main process only: Celery's warm shutdown lets its pool finish the task at hand
+                # (a group-wide SIGTERM killed the pool mid-task: WorkerLostError). SIGKILL below
+                # takes the whole group if it is not done in time.
+                child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         for child in children:
             try:
                 child.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                pass
+            try:  # whatever of its group is still there (all of it, if it did not stop in time)
                 os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-        self.stdout.write("Demo stopped.")
+            except ProcessLookupError:
+                pass
+            child.wait()
+
+    def _stop_clusters(self) -> None:
+        """Terminate every cluster its worker brought up: their Ray nodes outlive the worker otherwise."""
+        from clusters import shutdown
+
+        try:
+            stopped = shutdown.stop_all_clusters("the demo was stopped (Ctrl-C): terminating its clusters")
+        except DatabaseError as exc:  # e.g. stopped before its first migration
+            self.stderr.write(f"Could not read the clusters to stop: {exc}")
+            stopped = []
+        leftovers = shutdown.kill_leftover_nodes()
+        if stopped:
+            self.stdout.write(f"Terminated {len(stopped)} cluster(s): {', '.join(stopped)}.")
+        if leftovers:
+            self.stdout.write(f"Killed {len(leftovers)} leftover Ray process(es).")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _use_redis(url: str) -> None:
+    """Point this process's cache, channel layer and Celery producer at `url`.
+
+    Settings were read before the embedded Redis existed; the system checks may already have built the
+    cache object, so it is dropped and built again from the changed settings on next use.
+    """
+    from channels.layers import channel_layers
+    from django.core.cache import caches
+
+    from voltweb.celery import app as celery_app
+
+    os.environ["REDIS_URL"] = url
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = url
+    settings.CACHES["default"]["LOCATION"] = url
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [url]
+    celery_app.conf.broker_url = url
+    try:
+        del caches["default"]
+    except AttributeError:  # not built yet
+        pass
+    channel_layers.backends.clear()
+
+
+def _check_port_free(port: int) -> None:
+    """Fail at once, before anything starts, when another server holds the port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As servers bind: a closing connection's TIME_WAIT does not count, a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise CommandError(f"Cannot use port {port}: {exc.strerror}.") from None
+            raise CommandError(
+                f"Port {port} on 127.0.0.1 is already in use (another Volt demo or server?). "
+                f"Stop it, or pick another port: scripts/demo --port {port + 1}"
+            ) from None
