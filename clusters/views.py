@@ -123,7 +123,7 @@ def cluster_detail(request, pk):
         "topology": _topology(cluster.plan, _placed_nodes(cluster)),
         "queue_position": services.queue_position(cluster),
         "can_terminate": cluster.status in services.LIVE,
-        "connection": services.connection_details(cluster),
+        "connection": services.connection_details(cluster, request.user),
         "probe_hosts": _probe_hosts(cluster),
     }
     return render(request, "clusters/detail.html", context)

@@ -63,18 +63,6 @@ def ensure_user(driver: HostDriver, name: str, timeout: float = 60) -> bool:
     return True
 
 
-def can_use(driver: HostDriver, name: str, paths: Sequence[str]) -> list[str]:
-    """The `paths` the user cannot read (and enter, for folders): what Ray needs must not be among them."""
-    _check(name)
-    checks = " ".join(shlex.quote(path) for path in paths)
-    script = (
-        f"for p in {checks}; do setpriv --reuid={name} --regid={name} --clear-groups -- "
-        'test -r "$p" || echo "VOLT_UNREADABLE $p"; done'
-    )
-    result = driver.run(script, timeout=30)
-    return re.findall(r"^VOLT_UNREADABLE (.+)$", result.stdout, re.MULTILINE)
-
-
 def remove_user(
     driver: HostDriver,
     name: str,
