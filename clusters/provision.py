@@ -211,7 +211,7 @@ def _start(
         "host_id": node.host_id,
         "temp_dir": tenancy.node_temp_dir(cluster, node),
         "python": _python_for(node.host),
-        "env": _node_env(node.host),
+        "env": {**_node_env(node.host), **_join_patience(head_address)},
         "auth_token": ray_auth_token(cluster),
         "run_as": run_as if local else None,
     }
@@ -260,6 +260,14 @@ def _python_for(host: Host) -> str:
 def _node_env(host: Host) -> dict[str, str]:
     # gloo takes its address from the hostname; on local hosts keep it on loopback (DESIGN.md).
     return {"GLOO_SOCKET_IFNAME": "lo"} if host.driver == DriverKind.LOCAL else {}
+
+
+def _join_patience(head_address: str | None) -> dict[str, str]:
+    """A worker looks for its head in the GCS 20 times 2 s by default, then exits: on a loaded machine a
+    head can take longer to register, so the worker keeps looking as long as Volt waits for it to join."""
+    if head_address is None:
+        return {}
+    return {"RAY_NUM_REDIS_GET_RETRIES": str(max(20, int(settings.VOLT_NODE_JOIN_TIMEOUT_S // 2)))}
 
 
 def _storage_path(cluster: Cluster) -> str:
