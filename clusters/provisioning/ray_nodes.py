@@ -273,7 +273,7 @@ def _start_node(
             "temp_dir": temp_dir, "marker": node_env[NODE_MARKER_VAR]}  # fmt: skip
     script = "\n".join(
         [
-            f"trap 'rm -f {AUTH_TOKEN_FILE}' EXIT",  # the copy in the workdir never outlives the start
+            *(_find_token_lines(cluster_id) if auth_token else []),
             "set +m",  # no job control: the background job is no group leader, so setsid makes it one in place
             _list_function(cluster_id, driver),
             _cd_workdir(cluster_id, create=True),
@@ -314,15 +314,33 @@ def _auth_env(temp_dir: str) -> dict[str, str]:
 
 
 def _send_token(driver: HostDriver, cluster_id: str, token: str) -> None:
-    """Put the token in the (private) workdir as a file; the start script moves it into the temp dir."""
+    """Put the token in the (private) workdir as a file; the start script moves it into the temp dir.
+
+    A relative copy lands under the home SFTP starts in, the user's passwd home, which a session's
+    HOME may differ from: the workdir is made private in both, and the start script looks in both.
+    """
     workdir = workdir_for(cluster_id)
-    result = driver.run(f'mkdir -p "$HOME/{workdir}" && chmod 700 "$HOME/{workdir}"', timeout=20)
+    script = f'for h in {_HOMES}; do [ -n "$h" ] && mkdir -p "$h/{workdir}" && chmod 700 "$h/{workdir}"; done'
+    result = driver.run(script, timeout=20)
     if not result.ok:
         raise NodeStartFailed(f"could not create the node's workdir on {driver.address}: {_output(result)}")
     with tempfile.NamedTemporaryFile("w", prefix="volt-ray-token-") as handle:  # created 0600
         handle.write(token)
         handle.flush()
         driver.copy_file(handle.name, f"{workdir}/{AUTH_TOKEN_FILE}")
+
+
+_HOMES = '"$HOME" "$(getent passwd "$(id -u)" | cut -d: -f6)"'
+
+
+def _find_token_lines(cluster_id: str) -> list[str]:
+    """Shell: `$tok` is the copied token file; it is removed when the start script exits, whatever happens."""
+    path = f"{workdir_for(cluster_id)}/{AUTH_TOKEN_FILE}"
+    return [
+        f'tok=""; for h in {_HOMES}; do [ -f "$h/{path}" ] && {{ tok="$h/{path}"; break; }}; done',
+        'trap \'[ -n "$tok" ] && rm -f "$tok"\' EXIT',
+        "[ -n \"$tok\" ] || { echo 'the Ray token of the cluster did not arrive on this host' >&2; exit 5; }",
+    ]
 
 
 def _temp_dir_lines(temp_dir: str, run_as: str | None, with_token: bool) -> list[str]:
@@ -333,7 +351,10 @@ def _temp_dir_lines(temp_dir: str, run_as: str | None, with_token: bool) -> list
         lines.append(f"chown -R {run_as}:{run_as} {quoted}")
     if with_token:
         owner = f"-o {run_as} -g {run_as} " if run_as else ""
-        lines.append(f"install -m 600 {owner}{AUTH_TOKEN_FILE} {quoted}/auth-token")
+        lines.append(
+            f'install -m 600 {owner}"$tok" {quoted}/auth-token '
+            "|| { echo 'could not install the Ray token' >&2; exit 5; }"
+        )
     return lines
 
 
