@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 from django.conf import settings as django_settings
+from django.test import Client
 from ray.job_submission import JobSubmissionClient
 
 from clusters import services
@@ -73,6 +74,14 @@ def http(url: str, method: str = "GET", token: str | None = None, body: dict | N
         return exc.code
 
 
+def console_page(user, cluster_id: int) -> str:
+    browser = Client()
+    browser.force_login(user)
+    response = browser.get(f"/clusters/{cluster_id}/")
+    assert response.status_code == 200
+    return response.content.decode()
+
+
 PROBE_ENVIRONMENT = textwrap.dedent("""
     import glob, json, os
     stand_in = {pid}
@@ -116,6 +125,7 @@ def test_ready_cluster_refuses_strangers_and_its_jobs_cannot_reach_volts_secrets
         assert client_for(bob).get(f"/api/v1/clusters/{row.pk}/").status_code == 404
         as_admin = client_for(root).get(f"/api/v1/clusters/{row.pk}/").json()
         assert as_admin["connection"]["ray_auth_token"] is None and token not in json.dumps(as_admin)
+        assert token in console_page(alice, row.pk) and token not in console_page(root, row.pk)
 
         # Without the token the dashboard answers nothing: job submission, the state API.
         job = {"entrypoint": "id"}
