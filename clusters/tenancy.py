@@ -95,20 +95,23 @@ def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[H
 def remove_node_user(cluster: Cluster) -> list[str]:
     """Remove the cluster's Unix user, its processes and temp dirs; disown its storage. Problems, or []."""
     every = list(cluster.nodes.select_related("host__provider"))
-    local = next((n.host for n in every if n.host.driver == DriverKind.LOCAL), None)
-    if not cluster.node_user or local is None:
+    local = list({n.host_id: n.host for n in every if n.host.driver == DriverKind.LOCAL}.values())
+    if not cluster.node_user or not local:
         return []
-    try:
-        with inventory.driver_for(local) as driver:
-            node_users.remove_user(
-                driver,
-                cluster.node_user,
-                remove_dirs=[node_temp_dir(cluster, n) for n in every if n.slot is not None],
-                disown_dirs=[str(shared_storage_dir(cluster))],
-            )
-    except DriverError as exc:
-        return [f"user {cluster.node_user}: {exc}"]
-    return []
+    problems = []
+    for host in local:  # one machine: any of its hosts that answers will do (one may be the broken one)
+        try:
+            with inventory.driver_for(host) as driver:
+                node_users.remove_user(
+                    driver,
+                    cluster.node_user,
+                    remove_dirs=[node_temp_dir(cluster, n) for n in every if n.slot is not None],
+                    disown_dirs=[str(shared_storage_dir(cluster))],
+                )
+            return []
+        except DriverError as exc:
+            problems.append(f"user {cluster.node_user} via {host.name}: {exc}")
+    return problems
 
 
 def node_temp_dir(cluster: Cluster, node: ClusterNode) -> str:

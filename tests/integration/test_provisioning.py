@@ -40,7 +40,7 @@ def local_hosts(northwind, northwind_ib, add_local_host):
 
 @pytest.fixture
 def no_leftovers(local_hosts):
-    """After the test: no process of any cluster it created runs on any host.
+    """After the test: no process of any cluster it created runs on any host, and no Unix user of one is left.
 
     A test that failed half-way may leave a cluster up: it is terminated first (so the next test does
     not meet its ports), and the check still fails the test when terminating left a process behind.
@@ -61,6 +61,8 @@ def no_leftovers(local_hosts):
         for host in local_hosts:
             with inventory.driver_for(host) as driver:
                 assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == [], (cluster, host)
+        if cluster.node_user:  # its Unix user went with it, even when one of its hosts is unreachable
+            assert subprocess.run(["id", cluster.node_user], capture_output=True).returncode != 0, cluster
 
 
 def request(client, committed, nodes, name="run"):
