@@ -4,20 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('clusters', '0003_cluster_slow_hosts_replaced'),
+        ("clusters", "0003_cluster_slow_hosts_replaced"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='cluster',
-            name='node_user',
-            field=models.CharField(blank=True, help_text="Unix user its Ray processes run as on local hosts (empty: the host's own user).", max_length=32),
+            model_name="cluster",
+            name="node_user",
+            field=models.CharField(
+                blank=True,
+                help_text="Unix user its Ray processes run as on local hosts (empty: the host's own user).",
+                max_length=32,
+            ),
         ),
         migrations.AddField(
-            model_name='cluster',
-            name='ray_auth_token_encrypted',
-            field=models.TextField(blank=True, help_text="The cluster's Ray token (RAY_AUTH_MODE=token), Fernet-encrypted; for the team."),
+            model_name="cluster",
+            name="ray_auth_token_encrypted",
+            field=models.TextField(
+                blank=True,
+                help_text="The cluster's Ray token (RAY_AUTH_MODE=token), Fernet-encrypted; for the team.",
+            ),
         ),
     ]

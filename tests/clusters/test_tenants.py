@@ -49,7 +49,9 @@ def test_another_team_cannot_land_on_a_host_partly_allocated_until_the_first_tea
     assert placed["status"] == "provisioning" and [n["host"] for n in placed["nodes"]] == [one_host.name]
 
 
-def test_allocation_rechecks_the_team_under_the_host_lock(alice, bob, team_b, one_host, client_for, committed):
+def test_allocation_rechecks_the_team_under_the_host_lock(
+    alice, bob, team_b, one_host, client_for, committed
+):
     """A plan made while the host was empty cannot be allocated once another team took part of it."""
     stale_plan = services.preview(spec(**HALF), team_b)
     assert stale_plan.host_ids == (str(one_host.pk),)
