@@ -69,7 +69,7 @@ def remove_user(
     *,
     remove_dirs: Sequence[str] = (),
     disown_dirs: Sequence[str] = (),
-    timeout: float = 60,
+    timeout: float = 90,
 ) -> None:
     """Kill every process of the user, then delete it. Idempotent.
 
@@ -85,7 +85,8 @@ def remove_user(
         [
             f"id -u {quoted} >/dev/null 2>&1 || {{ echo VOLT_GONE; exit 0; }}",
             _SBIN,
-            "for attempt in $(seq 1 50); do",
+            # SIGKILLed processes still take time to exit on a loaded (or CPU-throttled) host: up to 30 s.
+            "for attempt in $(seq 1 150); do",
             f"  left=$(ps -u {quoted} -o pid=,stat= | awk '$2 !~ /^Z/ {{print $1}}')",
             '  [ -z "$left" ] && break',
             "  kill -KILL $left 2>/dev/null; sleep 0.2",
