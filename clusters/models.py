@@ -41,6 +41,14 @@ class Cluster(models.Model):
     ssh_private_key_encrypted = models.TextField(
         blank=True, help_text="Fernet-encrypted; downloadable by the team."
     )
+    ray_auth_token_encrypted = models.TextField(
+        blank=True, help_text="The cluster's Ray token (RAY_AUTH_MODE=token), Fernet-encrypted; for the team."
+    )
+    node_user = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="Unix user its Ray processes run as on local hosts (empty: the host's own user).",
+    )
     ray_address = models.CharField(
         max_length=100, blank=True, help_text="GCS address workers and drivers join."
     )

@@ -21,25 +21,28 @@ import logging
 import shlex
 import socket
 import sys
-from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import placement, transitions
+from clusters import allocations, placement, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
 from clusters.probes import allreduce
 from clusters.provisioning import ray_nodes
+from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
+    ensure_keys,
+    ray_auth_token,
+    ray_cluster_id,
+    shared_storage_dir,
+)
 from inventory import services as inventory
 from inventory.choices import DriverKind, HostState
 from inventory.drivers.base import DriverError, fan_out
 from inventory.models import Host
-from voltweb import crypto, namespace
+from voltweb import namespace
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -56,11 +59,6 @@ class HostsFailed(Exception):
 
 class NoReplacement(Exception):
     """No free host can take the place of a failed one."""
-
-
-def ray_cluster_id(cluster: Cluster) -> str:
-    """The cluster's name on its hosts (workdir, process marker): the install's id keeps two Volts apart."""
-    return f"volt-{namespace.current_id()}-{cluster.pk}"
 
 
 # --- the task body -----------------------------------------------------------------------------------
@@ -115,7 +113,8 @@ def _abandon(cluster: Cluster) -> Cluster:
     """Someone terminated the cluster meanwhile: stop what this task may have started after their teardown."""
     cluster = Cluster.objects.get(pk=cluster.pk)
     if cluster.status in (S.TERMINATING, S.TERMINATED, S.FAILED):
-        teardown(cluster, list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider")))
+        started = list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider"))
+        teardown(cluster, started, final=True)
     return cluster
 
 
@@ -161,16 +160,18 @@ def bring_up(cluster: Cluster) -> None:
     nodes = assign_slots(cluster)
     drivers = [inventory.driver_for(node.host) for node in nodes]
     try:
-        _check(nodes, fan_out(drivers, lambda d: prepare_host(d, cluster)), "could not be prepared")
+        run_as = _node_user(cluster, nodes, drivers)
+        prepared = fan_out(drivers, lambda d: prepare_host(d, cluster, run_as))
+        _check(nodes, prepared, "could not be prepared")
         _still_wanted(cluster)
         head_index = next(i for i, node in enumerate(nodes) if node.is_head)
-        head = _start(cluster, nodes[head_index], drivers[head_index], None)
+        head = _start(cluster, nodes[head_index], drivers[head_index], None, run_as)
         note(cluster, f"Ray head up on {nodes[head_index].host.name} ({head.gcs_address})")
         _still_wanted(cluster)
         others = [i for i in range(len(nodes)) if i != head_index]
         started = fan_out(
             [drivers[i] for i in others],
-            lambda d: _start(cluster, nodes[drivers.index(d)], d, head.gcs_address),
+            lambda d: _start(cluster, nodes[drivers.index(d)], d, head.gcs_address, run_as),
         )
         _check([nodes[i] for i in others], started, "could not start its Ray worker")
         _wait_alive(cluster, nodes, head)
@@ -188,16 +189,32 @@ def _check(nodes: list[ClusterNode], results: list, what: str) -> None:
         raise HostsFailed([node.host_id for node, _ in failed], detail)
 
 
-def _start(cluster: Cluster, node: ClusterNode, driver, head_address: str | None) -> ray_nodes.NodeHandle:
+def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str | None:
+    try:
+        run_as = tenancy.ensure_node_user(cluster, nodes, drivers)
+    except DriverError as exc:
+        raise HostsFailed([n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)) from exc
+    local = any(n.host.driver == DriverKind.LOCAL for n in nodes)
+    if local and run_as is None and not cluster.events.filter(message=tenancy.NOT_ISOLATED).exists():
+        note(cluster, tenancy.NOT_ISOLATED)
+    return run_as
+
+
+def _start(
+    cluster: Cluster, node: ClusterNode, driver, head_address: str | None, run_as: str | None
+) -> ray_nodes.NodeHandle:
+    local = node.host.driver == DriverKind.LOCAL
     options = {
         "cluster_id": ray_cluster_id(cluster),
         "ports": ray_nodes.ports_for(node.slot),
         "num_gpus": len(node.gpu_indices),
         "gpu_indices": node.gpu_indices,
         "host_id": node.host_id,
-        "temp_dir": f"{namespace.ray_temp_root(settings.VOLT_DATA_DIR)}/{cluster.pk}-{node.slot}",
+        "temp_dir": tenancy.node_temp_dir(cluster, node),
         "python": _python_for(node.host),
-        "env": _node_env(node.host),
+        "env": {**_node_env(node.host), **_join_patience(head_address)},
+        "auth_token": ray_auth_token(cluster),
+        "run_as": run_as if local else None,
     }
     try:
         if head_address is None:
@@ -220,6 +237,7 @@ def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.Node
             settings.VOLT_NODE_JOIN_TIMEOUT_S,
             expected_ips=set(ips),
             poll_s=0.3,
+            auth_token=ray_auth_token(cluster),
         )
     except ray_nodes.NodesNotReady as exc:
         missing = [ips[ip] for ip in exc.missing if ip in ips] or [n for n in nodes if n.is_head]
@@ -245,23 +263,31 @@ def _node_env(host: Host) -> dict[str, str]:
     return {"GLOO_SOCKET_IFNAME": "lo"} if host.driver == DriverKind.LOCAL else {}
 
 
+def _join_patience(head_address: str | None) -> dict[str, str]:
+    """A worker looks for its head in the GCS 20 times 2 s by default, then exits: on a loaded machine a
+    head can take longer to register, so the worker keeps looking as long as Volt waits for it to join."""
+    if head_address is None:
+        return {}
+    return {"RAY_NUM_REDIS_GET_RETRIES": str(max(20, int(settings.VOLT_NODE_JOIN_TIMEOUT_S // 2)))}
+
+
 def _storage_path(cluster: Cluster) -> str:
     return f"~/{ray_nodes.workdir_for(ray_cluster_id(cluster))}/storage"
 
 
-def shared_storage_dir(cluster: Cluster) -> Path:
-    """Local hosts share this machine: their storage paths all point at one folder (a real shared FS)."""
-    return Path(settings.VOLT_DATA_DIR) / "shared-storage" / ray_cluster_id(cluster)
+def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
+    """Workspace, the cluster's public key authorized, shared storage reachable. Idempotent.
 
-
-def prepare_host(driver, cluster: Cluster) -> None:
-    """Workspace, the cluster's public key authorized, shared storage reachable. Idempotent."""
+    With `run_as` (local hosts, the cluster's own user) the shared storage belongs to that user.
+    """
     workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
     key = shlex.quote(cluster.ssh_public_key)
     if isinstance(driver, inventory.LocalDriver):
         shared = shared_storage_dir(cluster)
         shared.mkdir(parents=True, exist_ok=True)
         storage = f"ln -sfn {shlex.quote(str(shared))} ~/{workdir}/storage"
+        if run_as:
+            storage += f" && chown {run_as}:{run_as} {shlex.quote(str(shared))}"
     else:
         storage = f"mkdir -p ~/{workdir}/storage"
     script = " && ".join(
@@ -278,22 +304,6 @@ def prepare_host(driver, cluster: Cluster) -> None:
         raise DriverError(
             f"preparing {driver.address} failed: {(result.stderr or result.stdout).strip()[:300]}"
         )
-
-
-def ensure_keys(cluster: Cluster) -> None:
-    """The cluster's own ed25519 key pair; the private half encrypted at rest. Generated once."""
-    if cluster.ssh_public_key:
-        return
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-    ).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    public_line = f"{public.decode()} volt-cluster-{cluster.pk}"
-    Cluster.objects.filter(pk=cluster.pk, ssh_public_key="").update(
-        ssh_public_key=public_line, ssh_private_key_encrypted=crypto.encrypt(private)
-    )
-    cluster.refresh_from_db(fields=["ssh_public_key", "ssh_private_key_encrypted"])
 
 
 def assign_slots(cluster: Cluster) -> list[ClusterNode]:
@@ -375,7 +385,11 @@ def verify(cluster: Cluster) -> Cluster:
     )
     try:
         status, logs = ray_nodes.submit_job(
-            cluster.dashboard_url, entrypoint, runtime_env, settings.VOLT_PROBE_TIMEOUT_S
+            cluster.dashboard_url,
+            entrypoint,
+            runtime_env,
+            settings.VOLT_PROBE_TIMEOUT_S,
+            auth_token=ray_auth_token(cluster),
         )
         result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
     except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:
@@ -461,10 +475,8 @@ def _record_sample(cluster: Cluster, busbw: float, nodes: int) -> None:
 
 def fail(cluster: Cluster, reason: str, message: str) -> Cluster:
     """FAILED with everything undone: nodes stopped, key removed, GPUs released."""
-    teardown(cluster)
-    from clusters.services import release
-
-    release(cluster)
+    teardown(cluster, final=True)
+    allocations.release(cluster)
     return transitions.transition(
         cluster,
         S.FAILED,
@@ -477,8 +489,12 @@ def fail(cluster: Cluster, reason: str, message: str) -> Cluster:
     )
 
 
-def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None) -> list[str]:
-    """Stop this cluster's Ray processes (and only those) and remove its key, on every host it used."""
+def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final: bool = False) -> list[str]:
+    """Stop this cluster's Ray processes (and only those) and remove its key, on every host it used.
+
+    `final` (the cluster is done: terminated or failed) also removes its Unix user, with whatever
+    still runs as it, its nodes' temp dirs, and gives its shared storage back to root.
+    """
     nodes = nodes if nodes is not None else list(cluster.nodes.select_related("host__provider"))
     hosts = {node.host_id: node.host for node in nodes}
     drivers = [inventory.driver_for(host) for host in hosts.values()]
@@ -491,6 +507,8 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None) -> list[s
     for host, result in zip(hosts.values(), results, strict=True):
         if isinstance(result, Exception) or result:
             problems.append(f"{host.name}: {result if isinstance(result, Exception) else f'left {result}'}")
+    if final and cluster.node_user:
+        problems += tenancy.remove_node_user(cluster)
     if problems:
         logger.warning("teardown of cluster %s incomplete: %s", cluster.pk, "; ".join(problems))
     return problems
@@ -528,7 +546,12 @@ def replace_hosts(
     else:
         teardown(cluster, nodes)
     _cordon_suspects(cluster, host_ids, reason)
-    _swap_nodes(cluster, nodes, plan)
+    try:
+        _swap_nodes(cluster, nodes, plan)
+    except (allocations.CapacityChanged, IntegrityError) as exc:  # taken while this cluster was torn down
+        raise NoReplacement(
+            f"the replacement for {', '.join(n.host.name for n in nodes)} was taken: {exc}"
+        ) from exc
 
 
 def _cordon_suspects(cluster: Cluster, host_ids: list[int], reason: str) -> None:
@@ -558,7 +581,7 @@ def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> placement.
         }
     )
     used = {str(n.host_id) for n in cluster.nodes.all()}
-    candidates = [s for s in candidate_snapshots(request) if s.host_id not in used]
+    candidates = [s for s in candidate_snapshots(request, team_id=cluster.team_id) if s.host_id not in used]
     plan = _near(request, candidates, survivors)
     if plan is None:
         raise NoReplacement(f"no free host can replace {', '.join(n.host.name for n in failed)}")
@@ -566,15 +589,14 @@ def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> placement.
 
 
 def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Plan) -> None:
-    from clusters.services import _create_allocations
-
     with transaction.atomic():
+        allocations.lock_hosts_for_team(cluster.team_id, sorted(int(h) for h in plan.host_ids))
         now = timezone.now()
         Allocation.objects.filter(node__in=failed, active=True).update(active=False, released_at=now)
         ClusterNode.objects.filter(pk__in=[n.pk for n in failed]).update(released_at=now)
         head_lost = any(n.is_head for n in failed)
         ranks = sorted(n.rank for n in failed)
-        _create_allocations(cluster, plan, ranks=ranks, head=head_lost)
+        allocations.create_allocations(cluster, plan, ranks=ranks, head=head_lost)
         inventory.refresh_free_capacity(sorted({n.host_id for n in failed} | {int(h) for h in plan.host_ids}))
     names = ", ".join(
         Host.objects.filter(pk__in=[int(h) for h in plan.host_ids]).values_list("name", flat=True)

@@ -11,21 +11,28 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
-from django.db.models import Case, Count, F, QuerySet, When
+from django.db import transaction
+from django.db.models import Case, Count, Exists, F, OuterRef, QuerySet, When
 from django.utils import timezone
 
 from clusters import placement, transitions
+from clusters.allocations import (  # noqa: F401 - re-exported: allocation used to live here
+    CapacityChanged,
+    allocate,
+    create_allocations,
+    hosts_serving_other_teams,
+    release,
+)
 from clusters.choices import HOLDS_GPUS, LIVE, ClusterStatus, FailureReason
-from clusters.models import Allocation, BandwidthSample, Cluster, ClusterNode
+from clusters.models import Allocation, BandwidthSample, Cluster
 from inventory import services as inventory
 from inventory.choices import HostState, ProviderStatus
-from inventory.models import GPU, Block, Fabric, Host, Site
+from inventory.models import Block, Fabric, Host, Site
 from voltweb import services as accounts
 from voltweb.models import Team
 from voltweb.statemachine import IllegalTransition
@@ -81,16 +88,17 @@ def to_request(spec: dict) -> placement.PlacementRequest:
 
 
 def candidate_snapshots(
-    request: placement.PlacementRequest, narrow: bool = True
+    request: placement.PlacementRequest, narrow: bool = True, team_id: int | None = None
 ) -> list[placement.HostSnapshot]:
-    """Offerable hosts that could give one node of `request`.
+    """Offerable hosts that could give one node of `request` (of team `team_id`).
 
     `narrow` pushes the hard price / region / interconnect filters into SQL (fast); without it the
-    engine sees those hosts too and can name the constraint that binds in a refusal.
+    engine sees those hosts too and can name the constraint that binds in a refusal. With `team_id`,
+    hosts serving another team are left out: a host serves one team at a time (allocations.py).
     """
-    hosts = inventory.offerable_hosts().filter(
-        gpu_model__in=request.models, free_gpus__gte=request.gpus_per_node
-    )
+    hosts = _fitting_hosts(request)
+    if team_id is not None:
+        hosts = hosts.exclude(_serving_other_team(team_id))
     if narrow:
         hosts = _hard_filters(hosts, request)
     rows = hosts.values_list(
@@ -113,6 +121,19 @@ def candidate_snapshots(
         "pcie_topology",
     )
     return [_snapshot(row) for row in rows.iterator(chunk_size=5000)]
+
+
+def _fitting_hosts(request: placement.PlacementRequest) -> QuerySet[Host]:
+    return inventory.offerable_hosts().filter(
+        gpu_model__in=request.models, free_gpus__gte=request.gpus_per_node
+    )
+
+
+def _serving_other_team(team_id: int) -> Exists:
+    """True for a host where a cluster of another team holds GPUs."""
+    return Exists(
+        Allocation.objects.filter(active=True, gpu__host_id=OuterRef("pk")).exclude(cluster__team_id=team_id)
+    )
 
 
 def _hard_filters(hosts: QuerySet[Host], request: placement.PlacementRequest) -> QuerySet[Host]:
@@ -307,8 +328,11 @@ def may_request_clusters(user: AbstractBaseUser) -> bool:
     return accounts.is_platform_admin(user) or accounts.teams_of(user).exists()
 
 
-def preview(spec: dict, user: AbstractBaseUser) -> placement.Plan | placement.Refusal:
-    """Plan `spec` for `user` against free capacity now, without allocating anything.
+def preview(
+    spec: dict, user: AbstractBaseUser, team: Team | None = None
+) -> placement.Plan | placement.Refusal:
+    """Plan `spec` for `user` (for `team`, when known: hosts serving other teams are out) against free
+    capacity now, without allocating anything.
 
     Plans only over what the caller may request with: offerable hosts (available, approved provider),
     which is exactly what the hosts API shows a team member; a caller with no team gets NoTeam instead
@@ -317,7 +341,7 @@ def preview(spec: dict, user: AbstractBaseUser) -> placement.Plan | placement.Re
     if not may_request_clusters(user):
         raise NoTeam()
     request = validate_spec(spec)
-    return _plan(request)
+    return _plan(request, team.pk if team is not None else None)
 
 
 class _IndexCache:
@@ -351,8 +375,11 @@ class _IndexCache:
 _indexes = _IndexCache()
 
 
-def candidate_inventory(request: placement.PlacementRequest, narrow: bool = True) -> placement.Inventory:
-    """The engine's index over `candidate_snapshots(request, narrow)`, reused while capacity is unchanged."""
+def candidate_inventory(
+    request: placement.PlacementRequest, narrow: bool = True, team_id: int | None = None
+) -> placement.Inventory:
+    """The engine's index over `candidate_snapshots(request, narrow, team_id)`, reused while capacity is
+    unchanged (every allocation and release changes it, so a host's team never goes stale here)."""
     filters = (
         (
             request.max_price_per_gpu_hour,
@@ -363,20 +390,42 @@ def candidate_inventory(request: placement.PlacementRequest, narrow: bool = True
         if narrow
         else None
     )
-    key = (inventory.capacity_version(), request.models, request.gpus_per_node, filters)
-    return _indexes.get(key, lambda: placement.Inventory(candidate_snapshots(request, narrow)))
+    key = (inventory.capacity_version(), request.models, request.gpus_per_node, filters, team_id)
+    return _indexes.get(key, lambda: placement.Inventory(candidate_snapshots(request, narrow, team_id)))
 
 
-def _plan(request: placement.PlacementRequest) -> placement.Plan | placement.Refusal:
+def _plan(
+    request: placement.PlacementRequest, team_id: int | None = None
+) -> placement.Plan | placement.Refusal:
     measured = measured_bandwidth()
     try:
-        result = placement.plan(request, candidate_inventory(request), measured, validate_inventory=False)
+        narrow = candidate_inventory(request, team_id=team_id)
+        result = placement.plan(request, narrow, measured, validate_inventory=False)
         if isinstance(result, placement.Refusal):  # rare: look again with every host to explain why
-            wide = candidate_inventory(request, narrow=False)
+            wide = candidate_inventory(request, narrow=False, team_id=team_id)
             result = placement.plan(request, wide, measured, validate_inventory=False)
-        return result
     except placement.InvalidRequest as exc:
         raise InvalidSpec(exc.problems) from None
+    return _explain_other_teams(request, team_id, result)
+
+
+def _explain_other_teams(
+    request: placement.PlacementRequest, team_id: int | None, result: placement.Plan | placement.Refusal
+) -> placement.Plan | placement.Refusal:
+    """Say how many hosts that would fit were left out because they serve another team."""
+    if team_id is None:
+        return result
+    excluded = _fitting_hosts(request).filter(_serving_other_team(team_id)).count()
+    if not excluded:
+        return result
+    line = (
+        f"{excluded} host{'s' if excluded != 1 else ''} with {request.gpus_per_node} free "
+        f"{' or '.join(request.models)} GPUs left out: serving another team (a host serves one team "
+        "at a time)"
+    )
+    if isinstance(result, placement.Refusal):
+        return replace(result, reasons=(*result.reasons, line), explanation=(*result.explanation, line))
+    return replace(result, explanation=(*result.explanation, line))
 
 
 _DOMAIN = re.compile(r"\b([a-z][a-z0-9-]*)/(\d+)(?:/(\d+))?(?:/(\d+))?\b")
@@ -490,7 +539,7 @@ def _place_placing(cluster: Cluster) -> Cluster:
     except InvalidSpec as exc:
         return _fail(cluster, FailureReason.CONFIG_INVALID, "; ".join(exc.problems))
     for _attempt in range(PLACEMENT_ATTEMPTS):
-        result = _plan(request)
+        result = _plan(request, cluster.team_id)
         if isinstance(result, placement.Refusal):
             return _enqueue(cluster, result)
         try:
@@ -519,104 +568,16 @@ def _fail(cluster: Cluster, reason: str, message: str) -> Cluster:
     )
 
 
-class CapacityChanged(Exception):
-    """A GPU in the plan was taken between planning and allocating."""
+def connection_details(cluster: Cluster, viewer: AbstractBaseUser | None = None) -> dict | None:
+    """The READY hand-off: what a researcher (or a pipeline) needs to use the cluster.
 
-
-def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
-    """Turn a plan into allocations and move the cluster to PROVISIONING, atomically.
-
-    Raises CapacityChanged (and changes nothing) if another request took any of the plan's GPUs.
+    The cluster's Ray token is in it only for `viewer`s who are members of the cluster's team (a
+    platform admin who is not gets a placeholder); list views pass no viewer.
     """
-    host_ids = sorted({int(h) for h in plan.host_ids})
-    try:
-        with transaction.atomic():
-            locked = {
-                h.pk: h for h in Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk")
-            }
-            _check_still_free(plan, locked)
-            _create_allocations(cluster, plan)
-            inventory.refresh_free_capacity(host_ids)
-            _queue_provisioning(cluster.pk)
-            return transitions.transition(
-                cluster,
-                S.PROVISIONING,
-                _placed_message(plan),
-                extra={
-                    "plan": plan_as_json(plan),
-                    "gpu_model": plan.model,
-                    "placed_at": timezone.now(),
-                    "predicted_busbw_gbps": plan.predicted_busbw_gbps,
-                    "predicted_allreduce_s": plan.predicted_allreduce_s,
-                    "price_per_hour": Decimal(str(round(plan.price_per_hour, 2))),
-                    "queue_reason": "",
-                },
-            )
-    except IntegrityError as exc:  # the database constraint caught a race the locks did not
-        raise CapacityChanged(str(exc)) from None
-
-
-def _check_still_free(plan: placement.Plan, hosts: dict[int, Host]) -> None:
-    for node in plan.nodes:
-        host = hosts.get(int(node.host_id))
-        free = {i for domain in (host.free_gpu_map if host else []) for i in domain}
-        if host is None or host.state != HostState.AVAILABLE or not set(node.gpu_indices) <= free:
-            raise CapacityChanged(f"GPUs {list(node.gpu_indices)} of host {node.host_id} were taken")
-
-
-def _create_allocations(cluster: Cluster, plan: placement.Plan, ranks=None, head: bool = True) -> None:
-    """Nodes and allocations for `plan`; `ranks` (replacements) gives each plan node the rank it takes over."""
-    stage_of = {host: number for number, stage in enumerate(plan.stage_order) for host in stage}
-    ranks = list(ranks) if ranks is not None else list(range(len(plan.nodes)))
-    gpu_ids = {
-        (host_id, index): pk
-        for pk, host_id, index in GPU.objects.filter(host_id__in=[int(h) for h in plan.host_ids]).values_list(
-            "pk", "host_id", "index"
-        )
-    }
-    allocations = []
-    for rank, assignment in zip(ranks, plan.nodes, strict=True):
-        node = ClusterNode.objects.create(
-            cluster=cluster,
-            host_id=int(assignment.host_id),
-            rank=rank,
-            is_head=head and assignment.host_id == plan.head_host_id,
-            stage=stage_of.get(assignment.host_id),
-            gpu_indices=list(assignment.gpu_indices),
-        )
-        allocations += [
-            Allocation(cluster=cluster, node=node, gpu_id=gpu_ids[(node.host_id, i)])
-            for i in assignment.gpu_indices
-        ]
-    Allocation.objects.bulk_create(allocations)
-
-
-def _placed_message(plan: placement.Plan) -> str:
-    figures = f"predicted busbw {plan.predicted_busbw_gbps:.1f} GB/s, " if plan.predicted_busbw_gbps else ""
-    return (
-        f"placed {len(plan.nodes)} x {len(plan.nodes[0].gpu_indices)} {plan.model} within one "
-        f"{plan.spanned_level}: {figures}${plan.price_per_hour:.2f}/hour"
-    )
-
-
-def release(cluster: Cluster) -> int:
-    """Free every GPU the cluster holds, exactly once; returns how many were freed by this call."""
-    with transaction.atomic():
-        active = Allocation.objects.select_for_update().filter(cluster=cluster, active=True)
-        host_ids = sorted(set(active.values_list("gpu__host_id", flat=True)))
-        list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk"))
-        freed = active.update(active=False, released_at=timezone.now())
-        cluster.nodes.filter(released_at__isnull=True).update(released_at=timezone.now())
-        if freed:
-            inventory.refresh_free_capacity(host_ids)
-            transaction.on_commit(kick_queue)
-    return freed
-
-
-def connection_details(cluster: Cluster) -> dict | None:
-    """The READY hand-off: what a researcher (or a pipeline) needs to use the cluster."""
     if cluster.status not in (S.READY, S.DEGRADED, S.RECOVERING) or not cluster.ray_address:
         return None
+    token = cluster_ray_token(cluster) if viewer is not None and is_team_member(viewer, cluster) else None
+    shown = token or "<the cluster's Ray token: shown to its team on the cluster's page>"
     head = next((n for n in cluster.nodes.all() if n.is_head and n.released_at is None), None)
     ssh = None
     if head is not None and head.host.driver == "ssh":
@@ -629,14 +590,30 @@ def connection_details(cluster: Cluster) -> dict | None:
         "ssh_command": ssh,
         "storage_path": cluster.storage_path,
         "ssh_key_url": f"/api/v1/clusters/{cluster.pk}/ssh-key/",
+        "ray_auth_token": token,
         "snippet": (
+            f"# the cluster refuses calls without its token (Ray token authentication)\n"
+            f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={shown}\n"
             f"RAY_ADDRESS={cluster.dashboard_url} ray job submit --working-dir . -- python train.py\n"
             f"# or from Python:\nfrom ray.job_submission import JobSubmissionClient\n"
-            f'JobSubmissionClient("{cluster.dashboard_url}").submit_job(entrypoint="python train.py", '
-            f'runtime_env={{"working_dir": "."}})\n'
+            f'client = JobSubmissionClient("{cluster.dashboard_url}", '
+            f'headers={{"Authorization": "Bearer {shown}"}})\n'
+            f'client.submit_job(entrypoint="python train.py", runtime_env={{"working_dir": "."}})\n'
             f"# checkpoints: write them under {cluster.storage_path} (shared by every node)"
         ),
     }
+
+
+def is_team_member(user: AbstractBaseUser, cluster: Cluster) -> bool:
+    """Whether `user` belongs to the cluster's team (platform admins are not members by their role)."""
+    return bool(user.is_authenticated) and cluster.team.memberships.filter(user=user).exists()
+
+
+def cluster_ray_token(cluster: Cluster) -> str:
+    """The cluster's Ray token in clear, for its team and Volt's own calls ("" before provisioning)."""
+    from clusters import tenancy
+
+    return tenancy.ray_auth_token(cluster)
 
 
 def cluster_private_key(cluster: Cluster) -> str:
@@ -667,15 +644,6 @@ def download_cluster_key(cluster: Cluster, user: AbstractBaseUser) -> str:
             cluster=cluster, message=f"SSH private key downloaded by {user.get_username()}", actor=user
         )
     return key
-
-
-def _queue_provisioning(cluster_id: int) -> None:
-    from django.conf import settings
-
-    from clusters.tasks import provision_cluster_task
-
-    if settings.VOLT_AUTO_PROVISION:
-        transaction.on_commit(lambda: provision_cluster_task.delay(cluster_id))
 
 
 def terminate_cluster(
@@ -710,7 +678,7 @@ def finish_termination(cluster: Cluster) -> Cluster:
     from clusters import provision
 
     started = list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider"))
-    problems = provision.teardown(cluster, started) if started else []
+    problems = provision.teardown(cluster, started, final=True) if started else []
     release(cluster)
     detail = f"; could not reach {'; '.join(problems)}" if problems else ""
     return transitions.transition(

@@ -127,8 +127,11 @@ class ClusterSerializer(serializers.ModelSerializer):
         return ClusterNodeSerializer(nodes, many=True).data
 
     def get_connection(self, cluster) -> dict | None:
-        """How to use a READY cluster: Ray address, dashboard / job submission, SSH, storage, key."""
-        return services.connection_details(cluster)
+        """How to use a READY cluster: Ray address, dashboard / job submission, SSH, storage, key, and (on
+        the cluster itself, for its team only; never in lists) its Ray token."""
+        view, request = self.context.get("view"), self.context.get("request")
+        detail = view is not None and getattr(view, "action", None) == "retrieve" and request is not None
+        return services.connection_details(cluster, request.user if detail else None)
 
 
 class ClusterEventSerializer(serializers.ModelSerializer):

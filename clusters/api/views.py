@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from clusters import services
 from clusters.api import serializers as s
 from clusters.models import Cluster
+from voltweb import services as accounts
 from voltweb.api.errors import ErrorResponseSerializer, ServiceError
 from voltweb.statemachine import IllegalTransition
 
@@ -101,7 +102,15 @@ def preview(request):
     spec = s.ClusterSpecSerializer(data=request.data, context={"request": request, "needs_team": False})
     spec.is_valid(raise_exception=True)
     try:
-        result = services.preview(spec.spec(spec.validated_data), request.user)
+        result = services.preview(
+            spec.spec(spec.validated_data), request.user, _team_of(request, spec.validated_data)
+        )
     except services.InvalidSpec as exc:
         raise ServiceError("; ".join(exc.problems), code="invalid", status_code=400) from None
     return Response(services.plan_as_json(result))
+
+
+def _team_of(request, validated: dict):
+    """The team a preview plans for: the one named, or the caller's only team (hosts serving others are out)."""
+    teams = list(accounts.teams_of(request.user)[:2])
+    return validated.get("team") or (teams[0] if len(teams) == 1 else None)

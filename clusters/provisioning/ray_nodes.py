@@ -44,6 +44,17 @@ was started), `node.pid` ("PID PGID" of the detached `ray start --block`), `ray-
 process of the node carries `VOLT_RAY_NODE=<cluster_id>@<host address>` in its environment: Ray
 puts its workers and job drivers in process groups of their own, so the recorded group alone does
 not find them all, the marker does (`/proc/<pid>/environ`, Linux hosts).
+
+Authentication and environment
+------------------------------
+With `auth_token`, every node runs Ray's token authentication (`RAY_AUTH_MODE=token`, Ray >= 2.52):
+the dashboard (state API, job submission) answers 401/403 without `Authorization: Bearer <token>`, and
+the GCS refuses nodes and drivers without it. The token travels as a file (`driver.copy_file`, never
+on a command line, which any user of the host may read in /proc) and Ray reads it through
+`RAY_AUTH_TOKEN_PATH`. Ray starts under `env -i` with an allowlist: the host session's PATH, HOME,
+locale and CUDA library paths, the node's own variables (marker, ports, CUDA_VISIBLE_DEVICES, auth) and
+the caller's `env` — nothing else of the session that started it. With `run_as`, Ray runs as that Unix
+user (`setpriv`; the caller must be root), in its temp dir, which it owns.
 """
 
 from __future__ import annotations
@@ -52,12 +63,19 @@ import ipaddress
 import json
 import re
 import shlex
-import time
-import urllib.request
-from collections.abc import Collection, Mapping, Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from clusters.provisioning.ray_http import (  # noqa: F401 - re-exported: callers use ray_nodes.<name>
+    JobTimedOut,
+    NodesNotReady,
+    auth_headers,
+    list_nodes,
+    submit_job,
+    wait_for_nodes,
+)
 from inventory.drivers.base import CommandResult, DriverError, HostDriver
 
 PORT_BASE = 20000
@@ -66,6 +84,9 @@ MAX_SLOT = 99
 _WORKER_PORT_OFFSET = 15
 
 NODE_MARKER_VAR = "VOLT_RAY_NODE"
+# What a node keeps of the session that starts it (everything else is dropped by `env -i`).
+NODE_ENV_PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
+AUTH_TOKEN_FILE = "ray-auth-token"  # in the workdir while a start runs; `auth-token` in the temp dir after
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # AF_UNIX socket paths are limited to 107 bytes; Ray puts its sockets ~64 characters below the temp dir
 # (<temp_dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store).
@@ -79,29 +100,6 @@ class NodeStartFailed(DriverError):
     """`ray start` could not be launched on a host (the message carries the host's output)."""
 
     code = "ray_start_failed"
-
-
-class NodesNotReady(Exception):
-    """The head did not report the expected nodes ALIVE in time; `alive` / `missing` list node IPs."""
-
-    code = "nodes_not_ready"
-
-    def __init__(self, message: str, alive: Sequence[str] = (), missing: Sequence[str] = ()):
-        super().__init__(message)
-        self.alive = list(alive)
-        self.missing = list(missing)
-
-
-class JobTimedOut(Exception):
-    """A submitted job did not reach a terminal status in time (it was asked to stop)."""
-
-    code = "job_timeout"
-
-    def __init__(self, message: str, submission_id: str, status: str, logs: str):
-        super().__init__(message)
-        self.submission_id = submission_id
-        self.status = status
-        self.logs = logs
 
 
 @dataclass(frozen=True)
@@ -189,7 +187,8 @@ def start_head(
     Optional keywords (same for workers): `num_cpus` (2), `host_id` (names the per-host resource;
     default the node IP), `gpu_indices` (the host GPUs given to this cluster), `object_store_bytes`,
     `env` (extra environment for the node), `node_ip` (the address Ray binds and advertises; default
-    the driver's address, which must then be an IP). The node is up when
+    the driver's address, which must then be an IP), `auth_token` (the cluster's Ray token: token
+    authentication on), `run_as` (a Unix user to run Ray as; the driver's user must be root). The node is up when
     `wait_for_nodes(handle.dashboard_url, 1, ...)` says so (~6-11 s here).
     """
     return _start_node(driver, cluster_id, ports, None, resources, num_gpus, temp_dir, python, **options)
@@ -229,8 +228,12 @@ def _start_node(
     object_store_bytes: int | None = None,
     env: Mapping[str, str] | None = None,
     node_ip: str | None = None,
+    auth_token: str | None = None,
+    run_as: str | None = None,
 ) -> NodeHandle:
     _check_temp_dir(temp_dir)
+    if run_as is not None and not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", run_as):
+        raise ValueError(f"run_as {run_as!r} is not a Unix user name.")
     if gpu_indices is not None and len(gpu_indices) != num_gpus:
         raise ValueError(f"num_gpus={num_gpus} but gpu_indices={list(gpu_indices)}: give one index per GPU.")
     node_ip = node_ip or _ip_of(driver)
@@ -260,12 +263,17 @@ def _start_node(
         "DASHBOARD_METRIC_PORT": str(ports.dashboard_metrics),
         "AUTOSCALER_METRIC_PORT": str(ports.autoscaler_metrics),
         **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_indices))} if gpu_indices is not None else {}),
+        **(_auth_env(temp_dir) if auth_token else {}),
+        **({"USER": run_as, "LOGNAME": run_as} if run_as else {}),
         **(env or {}),
     }
+    if auth_token:
+        _send_token(driver, cluster_id, auth_token)
     meta = {"host_address": node_ip, "is_head": head_address is None, "ports": asdict(ports),
             "temp_dir": temp_dir, "marker": node_env[NODE_MARKER_VAR]}  # fmt: skip
     script = "\n".join(
         [
+            *(_find_token_lines(cluster_id) if auth_token else []),
             "set +m",  # no job control: the background job is no group leader, so setsid makes it one in place
             _list_function(cluster_id, driver),
             _cd_workdir(cluster_id, create=True),
@@ -278,9 +286,9 @@ def _start_node(
             'left=$(volt_node_pids); if [ -n "$left" ]; then kill -KILL $left 2>/dev/null; sleep 1; fi',
             "rm -f node.pid",
             f"printf '%s\\n' {shlex.quote(json.dumps(meta))} > node.json",
-            f"mkdir -p {shlex.quote(temp_dir)}",
-            *(f"export {key}={shlex.quote(value)}" for key, value in node_env.items()),
-            f"setsid nohup {' '.join(command)} > ray-node.log 2>&1 < /dev/null 9>&- &",
+            *_temp_dir_lines(temp_dir, run_as, auth_token is not None),
+            f"setsid nohup {_launcher(temp_dir, run_as, node_env)} {' '.join(command)} "
+            "> ray-node.log 2>&1 < /dev/null 9>&- &",
             "pid=$!",
             'echo "$pid $pid" > node.pid',  # setsid made it the leader of its own session and group
             # A bad interpreter or flag fails at once; ours until this script exits, so a zombie if so.
@@ -299,6 +307,63 @@ def _start_node(
         raise NodeStartFailed(f"could not start Ray on {driver.address}: {_output(result)}")
     pid = int(match.group(1))
     return NodeHandle(node_ip, pid, pid, ports, match.group(2), head_address is None)
+
+
+def _auth_env(temp_dir: str) -> dict[str, str]:
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{temp_dir}/auth-token"}
+
+
+def _send_token(driver: HostDriver, cluster_id: str, token: str) -> None:
+    """Put the token in the (private) workdir as a file; the start script moves it into the temp dir.
+
+    A relative copy lands under the home SFTP starts in, the user's passwd home, which a session's
+    HOME may differ from: the workdir is made private in both, and the start script looks in both.
+    """
+    workdir = workdir_for(cluster_id)
+    script = f'for h in {_HOMES}; do [ -n "$h" ] && mkdir -p "$h/{workdir}" && chmod 700 "$h/{workdir}"; done'
+    result = driver.run(script, timeout=20)
+    if not result.ok:
+        raise NodeStartFailed(f"could not create the node's workdir on {driver.address}: {_output(result)}")
+    with tempfile.NamedTemporaryFile("w", prefix="volt-ray-token-") as handle:  # created 0600
+        handle.write(token)
+        handle.flush()
+        driver.copy_file(handle.name, f"{workdir}/{AUTH_TOKEN_FILE}")
+
+
+_HOMES = '"$HOME" "$(getent passwd "$(id -u)" | cut -d: -f6)"'
+
+
+def _find_token_lines(cluster_id: str) -> list[str]:
+    """Shell: `$tok` is the copied token file; it is removed when the start script exits, whatever happens."""
+    path = f"{workdir_for(cluster_id)}/{AUTH_TOKEN_FILE}"
+    return [
+        f'tok=""; for h in {_HOMES}; do [ -f "$h/{path}" ] && {{ tok="$h/{path}"; break; }}; done',
+        'trap \'[ -n "$tok" ] && rm -f "$tok"\' EXIT',
+        "[ -n \"$tok\" ] || { echo 'the Ray token of the cluster did not arrive on this host' >&2; exit 5; }",
+    ]
+
+
+def _temp_dir_lines(temp_dir: str, run_as: str | None, with_token: bool) -> list[str]:
+    """The node's temp dir, owned by the user Ray runs as, with the token in it readable by that user only."""
+    quoted = shlex.quote(temp_dir)
+    lines = [f"mkdir -p {quoted}"]
+    if run_as:
+        lines.append(f"chown -R {run_as}:{run_as} {quoted}")
+    if with_token:
+        owner = f"-o {run_as} -g {run_as} " if run_as else ""
+        lines.append(
+            f'install -m 600 {owner}"$tok" {quoted}/auth-token '
+            "|| { echo 'could not install the Ray token' >&2; exit 5; }"
+        )
+    return lines
+
+
+def _launcher(temp_dir: str, run_as: str | None, node_env: Mapping[str, str]) -> str:
+    """`[setpriv ...] env -i -C <temp dir> <allowlist> <node env>`: what precedes `ray start`."""
+    switch = f"setpriv --reuid={run_as} --regid={run_as} --clear-groups -- " if run_as else ""
+    passthrough = " ".join(f'${{{name}+"{name}=${name}"}}' for name in NODE_ENV_PASSTHROUGH)
+    own = " ".join(shlex.quote(f"{key}={value}") for key, value in node_env.items())
+    return f"{switch}env -i -C {shlex.quote(temp_dir)} {passthrough} {own}"
 
 
 def _running_node(driver: HostDriver, cluster_id: str, ports: NodePorts, is_head: bool) -> NodeHandle:
@@ -414,101 +479,6 @@ def read_node_log(driver: HostDriver, node: NodeHandle | str, lines: int = 40) -
         f"{_cd_workdir(_cluster_id_of(node))} && tail -n {int(lines)} ray-node.log", timeout=10
     )
     return result.stdout if result.ok else ""
-
-
-def wait_for_nodes(
-    dashboard_url: str,
-    expected: int,
-    timeout_s: float,
-    *,
-    expected_ips: Collection[str] | None = None,
-    poll_s: float = 1.0,
-) -> list[dict[str, Any]]:
-    """Poll the head's state API until `expected` nodes (and every one of `expected_ips`) are ALIVE.
-
-    Returns the ALIVE nodes (state API records: node_id, node_ip, is_head_node, state, resources_total,
-    ...). Raises NodesNotReady after `timeout_s`, naming the IPs that joined and those that did not.
-    """
-    deadline = time.monotonic() + timeout_s
-    wanted = set(expected_ips or ())
-    alive: list[dict[str, Any]] = []
-    error = "no answer yet"
-    while True:
-        try:
-            alive = [
-                node for node in _list_nodes(dashboard_url, timeout_s=5.0) if node.get("state") == "ALIVE"
-            ]
-            error = ""
-        except (OSError, ValueError) as exc:  # URLError, refused, timeouts, half-started dashboard
-            error = f"{type(exc).__name__}: {exc}"
-        ips = {node.get("node_ip") for node in alive}
-        if not error and len(alive) >= expected and wanted <= ips:
-            return alive
-        if time.monotonic() + poll_s > deadline:
-            break
-        time.sleep(poll_s)
-    joined = sorted(ip for ip in ips if ip)
-    missing = sorted(wanted - ips)
-    detail = f"the dashboard did not answer ({error})" if error and not alive else (
-        f"{len(alive)} of {expected} nodes ALIVE; joined: {', '.join(joined) or 'none'}; "
-        f"not joined: {', '.join(missing) if missing else ('unknown' if not wanted else 'none')}"
-    )  # fmt: skip
-    raise NodesNotReady(
-        f"Ray cluster at {dashboard_url} not ready after {timeout_s:g} s: {detail}.", joined, missing
-    )
-
-
-def _list_nodes(dashboard_url: str, timeout_s: float) -> list[dict[str, Any]]:
-    url = f"{dashboard_url.rstrip('/')}/api/v0/nodes?limit=10000&timeout={max(1, int(timeout_s))}"
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        body = json.load(response)
-    if not body.get("result", False):
-        raise ValueError(f"state API error: {body.get('msg', body)}")
-    return body["data"]["result"]["result"]
-
-
-def submit_job(
-    dashboard_url: str,
-    entrypoint: str,
-    runtime_env: Mapping[str, Any] | None = None,
-    timeout_s: float = 300.0,
-    *,
-    submission_id: str | None = None,
-    poll_s: float = 0.5,
-) -> tuple[str, str]:
-    """Submit a Ray job over HTTP, wait for a terminal status; return (status, logs).
-
-    Status is a `ray.job_submission.JobStatus` value ("SUCCEEDED", "FAILED", "STOPPED"). Past
-    `timeout_s` the job is asked to stop and JobTimedOut is raised with its logs so far.
-    """
-    from ray.job_submission import JobStatus, JobSubmissionClient  # heavy import: only when used
-
-    client = JobSubmissionClient(dashboard_url)
-    job_id = client.submit_job(
-        entrypoint=entrypoint, runtime_env=dict(runtime_env or {}), submission_id=submission_id
-    )
-    deadline = time.monotonic() + timeout_s
-    status = client.get_job_status(job_id)
-    while not status.is_terminal():
-        if time.monotonic() > deadline:
-            try:
-                client.stop_job(job_id)
-            finally:
-                logs = _logs_or_empty(client, job_id)
-            raise JobTimedOut(
-                f"job {job_id} on {dashboard_url} still {status.value} after {timeout_s:g} s; asked it to stop.",
-                job_id, status.value, logs,
-            )  # fmt: skip
-        time.sleep(poll_s)
-        status = client.get_job_status(job_id)
-    return JobStatus(status).value, _logs_or_empty(client, job_id)
-
-
-def _logs_or_empty(client: Any, job_id: str) -> str:
-    try:
-        return client.get_job_logs(job_id)
-    except Exception:  # noqa: BLE001 - logs are best effort next to a status
-        return ""
 
 
 def _list_function(cluster_id: str, driver: HostDriver) -> str:

@@ -63,3 +63,36 @@ def test_fifty_racing_requests_never_double_book(postgres, alice, team_a, northw
     for host in Host.objects.all():  # the fast-path counters agree with the allocation table
         held = active.filter(gpu__host=host).count()
         assert host.free_gpus == GPU.objects.filter(host=host).count() - held
+
+
+def test_two_teams_racing_for_hosts_never_share_one(
+    postgres, alice, bob, team_a, team_b, northwind_ib, make_host
+):
+    """Requests of two teams race for 4 hosts, each asking half a host: no host ends up serving both."""
+    for _ in range(4):
+        make_host(northwind_ib.blocks.order_by("name").first(), gpus=8)
+    clusters = [
+        services.request_cluster(team, user, spec(name=f"{team.slug}-{i}", nodes=1, gpus_per_node=4))
+        for i in range(6)
+        for team, user in ((team_a, alice), (team_b, bob))
+    ]
+    barrier = threading.Barrier(len(clusters))
+
+    def place(cluster_id: int) -> str:
+        try:
+            barrier.wait(timeout=30)
+            return services.place_cluster(cluster_id).status
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=len(clusters)) as pool:
+        statuses = Counter(pool.map(place, [c.pk for c in clusters]))
+
+    assert statuses["provisioning"] >= 2 and set(statuses) <= {"provisioning", "queued"}, statuses
+    teams_per_host = Counter(
+        host
+        for host, _team in set(
+            Allocation.objects.filter(active=True).values_list("gpu__host_id", "cluster__team_id")
+        )
+    )
+    assert teams_per_host and max(teams_per_host.values()) == 1, teams_per_host

@@ -40,7 +40,7 @@ def local_hosts(northwind, northwind_ib, add_local_host):
 
 @pytest.fixture
 def no_leftovers(local_hosts):
-    """After the test: no process of any cluster it created runs on any host.
+    """After the test: no process of any cluster it created runs on any host, and no Unix user of one is left.
 
     A test that failed half-way may leave a cluster up: it is terminated first (so the next test does
     not meet its ports), and the check still fails the test when terminating left a process behind.
@@ -61,6 +61,8 @@ def no_leftovers(local_hosts):
         for host in local_hosts:
             with inventory.driver_for(host) as driver:
                 assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == [], (cluster, host)
+        if cluster.node_user:  # its Unix user went with it, even when one of its hosts is unreachable
+            assert subprocess.run(["id", cluster.node_user], capture_output=True).returncode != 0, cluster
 
 
 def request(client, committed, nodes, name="run"):
@@ -79,8 +81,9 @@ def terminate(client, committed, cluster_id: int) -> dict:
     return client.get(f"/api/v1/clusters/{cluster_id}/").json()
 
 
-def run_on_every_node(dashboard_url: str, host_ids: list[int]) -> set[str]:
-    """A Ray task pinned to each host through the returned job submission address; the IPs it ran on."""
+def run_on_every_node(dashboard_url: str, host_ids: list[int], auth_token: str) -> set[str]:
+    """A Ray task pinned to each host through the job submission address and the cluster's token (as the
+    READY hand-off gives them); the IPs it ran on."""
     script = textwrap.dedent(f"""
         import ray
         ray.init()
@@ -90,7 +93,9 @@ def run_on_every_node(dashboard_url: str, host_ids: list[int]) -> set[str]:
         refs = [where.options(resources={{"volt_host_{{}}".format(h): 0.01}}).remote() for h in {host_ids}]
         print("NODE_IPS", ",".join(sorted(ray.get(refs))))
     """)
-    status, logs = ray_nodes.submit_job(dashboard_url, f"python -c '{script}'", timeout_s=120)
+    status, logs = ray_nodes.submit_job(
+        dashboard_url, f"python -c '{script}'", timeout_s=120, auth_token=auth_token
+    )
     assert status == "SUCCEEDED", logs
     line = next(line for line in logs.splitlines() if line.startswith("NODE_IPS"))
     return set(line.split()[1].split(","))
@@ -118,9 +123,10 @@ def test_three_node_cluster_becomes_ready_runs_work_and_terminates_clean(
 
     hosts = [n["host"] for n in cluster["nodes"]]
     host_rows = list(Host.objects.filter(name__in=hosts))
-    assert run_on_every_node(connection["dashboard_url"], [h.pk for h in host_rows]) == {
-        h.address for h in host_rows
-    }
+    nodes_ran_on = run_on_every_node(
+        connection["dashboard_url"], [h.pk for h in host_rows], connection["ray_auth_token"]
+    )
+    assert nodes_ran_on == {h.address for h in host_rows}
 
     assert terminate(client, committed, cluster["id"])["status"] == "terminated"
     assert not Allocation.objects.filter(active=True).exists()
@@ -189,7 +195,8 @@ def test_two_clusters_provisioned_at_once_coexist_and_terminating_one_leaves_the
     services.terminate_cluster(first, wait=True)
 
     second_hosts = list(Host.objects.filter(cluster_nodes__cluster=second))
-    assert run_on_every_node(second.dashboard_url, [h.pk for h in second_hosts]) == {
+    token = services.cluster_ray_token(second)
+    assert run_on_every_node(second.dashboard_url, [h.pk for h in second_hosts], token) == {
         h.address for h in second_hosts
     }
     services.terminate_cluster(Cluster.objects.get(pk=second.pk), wait=True)

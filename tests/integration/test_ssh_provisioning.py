@@ -76,9 +76,11 @@ def test_two_node_cluster_over_ssh_reaches_ready_and_tears_down(alice, ssh_hosts
     for _, sandbox in ssh_hosts:  # the cluster's key is authorized on every host
         assert public_key in (sandbox / "home/.ssh/authorized_keys").read_text()
     hosts = [host for host, _ in ssh_hosts]
-    assert run_on_every_node(cluster["connection"]["dashboard_url"], [h.pk for h in hosts]) == {
-        h.address for h in hosts
-    }
+    connection = cluster["connection"]
+    nodes_ran_on = run_on_every_node(
+        connection["dashboard_url"], [h.pk for h in hosts], connection["ray_auth_token"]
+    )
+    assert nodes_ran_on == {h.address for h in hosts}
 
     with committed():  # the terminate task runs at commit, as a worker would run it
         assert client.post(f"/api/v1/clusters/{cluster['id']}/terminate/").json()["status"] == "terminating"

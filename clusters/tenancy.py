@@ -1,0 +1,125 @@
+"""What a cluster owns on its hosts and what proves it is the team's: DESIGN.md "Security".
+
+- an ed25519 key pair (SSH hosts authorize the public half; the team downloads the private half),
+- a Ray token: every node runs `RAY_AUTH_MODE=token`, Volt's workers send it to the head, the team
+  gets it in the READY hand-off,
+- on `local` hosts when Volt is root, a Unix user of its own that its Ray processes run as, removed
+  with everything it still runs when the cluster ends,
+- its nodes' temp dirs and its shared storage.
+
+Secrets are Fernet-encrypted at rest (voltweb/crypto.py) and generated once per cluster.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
+
+from clusters.models import Cluster, ClusterNode
+from clusters.provisioning import node_users
+from inventory import services as inventory
+from inventory.choices import DriverKind
+from inventory.drivers.base import DriverError, HostDriver
+from voltweb import crypto, namespace
+
+NOT_ISOLATED = (
+    "Ray runs as Volt's own Unix user on the local hosts (Volt is not root here, so it cannot create a "
+    "user for the cluster): its jobs are not isolated from Volt's processes"
+)
+
+
+def ray_cluster_id(cluster: Cluster) -> str:
+    """The name of the cluster on its hosts (workdirs, the node marker): the install's id keeps two Volts
+    on one machine apart."""
+    return f"volt-{namespace.current_id()}-{cluster.pk}"
+
+
+def ensure_keys(cluster: Cluster) -> None:
+    """The cluster's own ed25519 key pair and Ray token, encrypted at rest. Each generated once."""
+    if not cluster.ray_auth_token_encrypted:
+        Cluster.objects.filter(pk=cluster.pk, ray_auth_token_encrypted="").update(
+            ray_auth_token_encrypted=crypto.encrypt(
+                secrets.token_hex(32)
+            )  # 256 bits, as `ray get-auth-token`
+        )
+        cluster.refresh_from_db(fields=["ray_auth_token_encrypted"])
+    if cluster.ssh_public_key:
+        return
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    ).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    public_line = f"{public.decode()} volt-cluster-{cluster.pk}"
+    Cluster.objects.filter(pk=cluster.pk, ssh_public_key="").update(
+        ssh_public_key=public_line, ssh_private_key_encrypted=crypto.encrypt(private)
+    )
+    cluster.refresh_from_db(fields=["ssh_public_key", "ssh_private_key_encrypted"])
+
+
+def ray_auth_token(cluster: Cluster) -> str:
+    """The cluster's Ray token in clear ("" before provisioning): Volt's own calls and the team's hand-off."""
+    return crypto.decrypt(cluster.ray_auth_token_encrypted)
+
+
+def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[HostDriver]) -> str | None:
+    """The Unix user the cluster's Ray runs as on its local hosts (created if missing), or None.
+
+    None when it has no local host, or when Volt is not root (then Ray runs as Volt's own user: the
+    caller says so on the timeline, see NOT_ISOLATED). Local hosts share this machine, so one user
+    serves every local node of the cluster. SSH hosts run Ray as their SSH user; a host serves one team
+    at a time (clusters.services.candidate_snapshots). Raises DriverError if the user cannot be made.
+    """
+    local = [d for n, d in zip(nodes, drivers, strict=True) if n.host.driver == DriverKind.LOCAL]
+    if not local:
+        return None
+    install = str(Path(settings.VOLT_DATA_DIR).resolve())
+    name = cluster.node_user or node_users.user_name(cluster.pk, install)
+    for number, driver in enumerate(local):  # one machine: any host that answers will do
+        try:
+            if not node_users.ensure_user(driver, name):
+                return None
+            break
+        except DriverError:
+            if number == len(local) - 1:
+                raise
+    if cluster.node_user != name:
+        Cluster.objects.filter(pk=cluster.pk).update(node_user=name)
+        cluster.node_user = name
+    return name
+
+
+def remove_node_user(cluster: Cluster) -> list[str]:
+    """Remove the cluster's Unix user, its processes and temp dirs; disown its storage. Problems, or []."""
+    every = list(cluster.nodes.select_related("host__provider"))
+    local = list({n.host_id: n.host for n in every if n.host.driver == DriverKind.LOCAL}.values())
+    if not cluster.node_user or not local:
+        return []
+    problems = []
+    for host in local:  # one machine: any of its hosts that answers will do (one may be the broken one)
+        try:
+            with inventory.driver_for(host) as driver:
+                node_users.remove_user(
+                    driver,
+                    cluster.node_user,
+                    remove_dirs=[node_temp_dir(cluster, n) for n in every if n.slot is not None],
+                    disown_dirs=[str(shared_storage_dir(cluster))],
+                )
+            return []
+        except DriverError as exc:
+            problems.append(f"user {cluster.node_user} via {host.name}: {exc}")
+    return problems
+
+
+def node_temp_dir(cluster: Cluster, node: ClusterNode) -> str:
+    """Ray's temp dir of one node (short: its socket paths must fit in 107 bytes)."""
+    return f"{namespace.ray_temp_root(settings.VOLT_DATA_DIR)}/{cluster.pk}-{node.slot}"
+
+
+def shared_storage_dir(cluster: Cluster) -> Path:
+    """Local hosts share this machine: their storage paths all point at one folder (a real shared FS)."""
+    return Path(settings.VOLT_DATA_DIR) / "shared-storage" / ray_cluster_id(cluster)
