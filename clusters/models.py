@@ -146,6 +146,12 @@ class BandwidthSample(models.Model):
     nodes = models.PositiveIntegerField(default=2)
     measured_at = models.DateTimeField(default=timezone.now, db_index=True)
     cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL)
+    emulated = models.BooleanField(
+        default=False, help_text="Measured on local hosts over emulated (shaped, scaled) links."
+    )
+    steers_placement = models.BooleanField(
+        default=True, help_text="False for local hosts on plain loopback: recorded, never used by placement."
+    )
 
     class Meta:
         ordering = ["-measured_at"]

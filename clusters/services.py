@@ -108,8 +108,10 @@ def candidate_snapshots(
         "site__backbone_gbytes_per_s",
         "price_per_gpu_hour",
         "reliability",
+        "driver",
     )
-    return [_snapshot(row) for row in rows.iterator(chunk_size=5000)]
+    scales = {driver: inventory.bandwidth_scale(driver) for driver in ("local", "ssh")}
+    return [_snapshot(row, scales) for row in rows.iterator(chunk_size=5000)]
 
 
 def _hard_filters(hosts: QuerySet[Host], request: placement.PlacementRequest) -> QuerySet[Host]:
@@ -122,7 +124,7 @@ def _hard_filters(hosts: QuerySet[Host], request: placement.PlacementRequest) ->
     return hosts
 
 
-def _snapshot(row) -> placement.HostSnapshot:
+def _snapshot(row, scales: dict[str, float]) -> placement.HostSnapshot:
     (
         host_id,
         provider_id,
@@ -139,6 +141,7 @@ def _snapshot(row) -> placement.HostSnapshot:
         backbone,
         price,
         reliability,
+        driver,
     ) = row
     return placement.HostSnapshot(
         host_id=str(host_id),
@@ -153,6 +156,7 @@ def _snapshot(row) -> placement.HostSnapshot:
         site_backbone_gbps=backbone,
         price_per_gpu_hour=float(price),
         reliability=reliability,
+        bandwidth_scale=scales.get(driver, 1.0),
     )
 
 
@@ -160,19 +164,35 @@ def measured_bandwidth() -> dict[tuple[str, str], float]:
     """The newest measured busbw per topology domain from the last week (overrides declared figures)."""
     since = timezone.now() - timezone.timedelta(days=MEASURED_MAX_AGE_DAYS)
     measured: dict[tuple[str, str], float] = {}
-    for level, domain, busbw in BandwidthSample.objects.filter(measured_at__gte=since).values_list(
-        "level", "domain_id", "busbw_gbps"
-    ):
+    samples = BandwidthSample.objects.filter(measured_at__gte=since, steers_placement=True)
+    for level, domain, busbw in samples.values_list("level", "domain_id", "busbw_gbps"):
         measured.setdefault((level, domain), busbw)  # rows come newest first
     return measured
 
 
 def record_bandwidth_sample(
-    level: str, domain_id: str, busbw_gbps: float, nodes: int = 2, cluster: Cluster | None = None
+    level: str,
+    domain_id: str,
+    busbw_gbps: float,
+    nodes: int = 2,
+    cluster: Cluster | None = None,
+    emulated: bool = False,
+    steers_placement: bool = True,
 ) -> BandwidthSample:
-    """Store a measured busbw for a domain (the verification probe calls this)."""
+    """Store a measured busbw for a domain (the verification probe calls this).
+
+    `emulated`: measured over shaped local links (in the emulation's scaled units, like local hosts'
+    predictions). `steers_placement=False`: local hosts on plain loopback, which says nothing about
+    the fabric they declare: kept for the record, never used by placement.
+    """
     return BandwidthSample.objects.create(
-        level=level, domain_id=str(domain_id), busbw_gbps=busbw_gbps, nodes=nodes, cluster=cluster
+        level=level,
+        domain_id=str(domain_id),
+        busbw_gbps=busbw_gbps,
+        nodes=nodes,
+        cluster=cluster,
+        emulated=emulated,
+        steers_placement=steers_placement,
     )
 
 
@@ -280,7 +300,8 @@ def candidate_inventory(request: placement.PlacementRequest, narrow: bool = True
         if narrow
         else None
     )
-    key = (inventory.capacity_version(), request.models, request.gpus_per_node, filters)
+    scale = inventory.bandwidth_scale("local")  # emulation switched on/off changes local hosts' figures
+    key = (inventory.capacity_version(), request.models, request.gpus_per_node, filters, scale)
     return _indexes.get(key, lambda: placement.Inventory(candidate_snapshots(request, narrow)))
 
 

@@ -102,6 +102,9 @@ class HostSnapshot:
     fabric_oversubscription: float = 1.0  # block uplink oversubscription (1.0 = non-blocking)
     site_backbone_gbps: float = 12.5  # declared bandwidth per host between the site's fabrics, GB/s
     reliability: float = 1.0  # 0..1, higher is better
+    # Every declared figure of this host is multiplied by this: local hosts on an emulated fabric run at
+    # VOLT_LOCAL_FABRIC_SCALE of their declared speeds (inventory/fabric_emulation.py), 1 elsewhere.
+    bandwidth_scale: float = 1.0
 
 
 @dataclass(frozen=True)
