@@ -122,6 +122,9 @@ class ProbePlan:
 MIN_MESSAGE_BYTES = 64 * 1024
 _SWEEP_SHARE = 0.6  # of the budget; the per-host phase gets the rest
 _SIZES_SPAN = 64  # smallest size = largest / 64 (7 sizes at most)
+# One link-test exchange lasts about this long at the predicted rate: a few fit in a window, and a link
+# far slower than predicted (a fault) still takes seconds, not minutes.
+_LINK_STEP_S = 0.05
 
 
 def _power_of_two_at_most(value: float) -> int:
@@ -138,14 +141,14 @@ def budget_plan(
     iters: int,
     warmup: int,
     max_bytes: int,
-    host_rounds: int = 2,
 ) -> ProbePlan:
     """Message sizes that let the probe finish in about `budget_s` at the predicted busbw.
 
     The sweep moves (iters + warmup) x 2(n-1)/n x size per size, and sizes double up to the largest,
-    so the largest is about share x budget x busbw / (2 x calls x 2(n-1)/n). The link test runs
-    host_rounds x groups calls of three exchanges at least, each `link_bytes` at the link's rate
-    (the predicted busbw is the slowest link's). Sizes are powers of two from 64 KB to `max_bytes`.
+    so the largest is about share x budget x busbw / (2 x calls x 2(n-1)/n); the probe also stops
+    early when a size would end past the sweep's share (a link slower than predicted). A link-test
+    exchange lasts about _LINK_STEP_S at the predicted rate. Sizes are powers of two, 64 KB and up,
+    at most `max_bytes`.
     """
     busbw = (predicted_busbw_gbps or 0.0) * 1e9
     if busbw <= 0:
@@ -154,8 +157,7 @@ def budget_plan(
     else:
         factor = 2 * (nodes - 1) / nodes if nodes > 1 else 1.0
         largest = _SWEEP_SHARE * budget_s * busbw / (2 * (iters + warmup) * factor)
-        groups = 2 if nodes <= 2 or nodes % 2 == 0 else 3
-        link = (1 - _SWEEP_SHARE) * budget_s * busbw / (host_rounds * (1 if nodes <= 2 else groups) * 3)
+        link = busbw * _LINK_STEP_S
     largest = _power_of_two_at_most(min(largest, max_bytes))
     sizes = tuple(message_sizes_bytes(largest, max(MIN_MESSAGE_BYTES, largest // _SIZES_SPAN)))
     link_bytes = _power_of_two_at_most(min(link, max_bytes, 64 * MB))
@@ -190,7 +192,7 @@ def summarize(
     """nccl-tests figures per size from every rank's average times (the slowest rank counts)."""
     factor = 2 * (nodes - 1) / nodes
     results = []
-    for index, size in enumerate(sizes):
+    for index, size in enumerate(sizes[: min(len(times) for times in rank_times)]):
         time_s = max(times[index] for times in rank_times)
         algbw = size / time_s / 1e9
         results.append({"bytes": size, "time_s": time_s, "algbw_gbps": algbw, "busbw_gbps": algbw * factor})
@@ -381,17 +383,33 @@ class Rank:
 
         store = self._store or TCPStore(master, port, world, is_master=False, timeout=_GROUP_TIMEOUT)
         self._group = _Collective(backend, store, rank, world, self.node_ip)
+        self._world = world
         check = torch.full((8,), float(rank + 1), device=self._group.device)
         self._group.all_reduce(check)
         self._group.synchronize()
         return bool(torch.all(check == world * (world + 1) / 2).item())
 
-    def allreduce_times(self, sizes: list[int], iters: int, warmup: int) -> list[float]:
+    def allreduce_times(
+        self, sizes: list[int], iters: int, warmup: int, budget_s: float | None = None
+    ) -> list[float]:
+        """Average time per size, smallest first. With `budget_s`, stops before a size that would end
+        past the budget at the rate seen so far (every rank takes the same decision: the elapsed time
+        is all-reduced), so a link far slower than predicted does not stretch the probe."""
         import torch
 
         device = self._group.device
-        return [self._time(self._group, torch.zeros(size // 4, dtype=torch.float32, device=device), iters, warmup)
-                for size in sizes]  # fmt: skip
+        times: list[float] = []
+        started = time.perf_counter()
+        for size in sizes:
+            if times and budget_s is not None:
+                elapsed_ms = torch.tensor([int((time.perf_counter() - started) * 1000)], device=device)
+                self._group.all_reduce(elapsed_ms)  # the sum: the same on every rank
+                elapsed = elapsed_ms.item() / 1000 / self._world
+                if elapsed + 2 * times[-1] * (iters + warmup) > budget_s:
+                    break
+            tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)
+            times.append(self._time(self._group, tensor, iters, warmup))
+        return times
 
     def local_gbps(self, size: int, window_s: float, rounds: int) -> float:
         """This host alone: an in-place add over `size` bytes (reads 2, writes 1)."""
@@ -483,7 +501,9 @@ def run_probe(
     master = infos[0]["node_ip"]
     correct = get([rank.join.remote(i, world, master, port, backend) for i, rank in enumerate(ranks)])
     try:
-        times = get([rank.allreduce_times.remote(sizes, iters, warmup) for rank in ranks])
+        sweep_budget = budget_s * _SWEEP_SHARE if budget_s else None
+        times = get([rank.allreduce_times.remote(sizes, iters, warmup, sweep_budget) for rank in ranks])
+        sizes = sizes[: min(len(t) for t in times)]  # the sizes that ran
         # One host at a time, then disjoint links at once: no two measured things share a host. Rounds
         # go round-robin, so a host's windows lie apart in time and a burst of load elsewhere that
         # spoils one of them does not spoil the other: the best window counts.

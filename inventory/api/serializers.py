@@ -3,6 +3,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from inventory.choices import DriverKind, FabricKind
+from inventory.drivers.local import FAULTS
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, Site
 from inventory.services import HostRequest
@@ -142,6 +143,20 @@ class HostCreateSerializer(serializers.Serializer):
 
 class HostActionSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class HostFaultSerializer(serializers.Serializer):
+    """A fault to inject into (POST) or clear from (DELETE) a local host; `value` where it takes one
+    (`throttled`: % of one CPU, `link_degraded`: % of the link rate, `gpu_lost`: GPU indices...)."""
+
+    fault = serializers.ChoiceField(choices=[f for f in FAULTS if f != "nvidia_smi_missing"])
+    value = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+
+
+class HostFaultsSerializer(serializers.Serializer):
+    faults = serializers.DictField(child=serializers.CharField(allow_blank=True))
+    links_emulated = serializers.BooleanField()
+    links_note = serializers.CharField(allow_blank=True)
 
 
 class HostEventSerializer(serializers.ModelSerializer):
