@@ -37,7 +37,7 @@ def emulated(settings, client_for, committed):
     settings.VOLT_LOCAL_FABRIC_EMULATION = "auto"
     settings.VOLT_LOCAL_FABRIC_SCALE = SCALE
     settings.VOLT_AUTO_PROVISION = True
-    settings.VOLT_NODE_JOIN_TIMEOUT_S = 60
+    settings.VOLT_NODE_JOIN_TIMEOUT_S = 90  # other test runs share this machine's two cores
     settings.VOLT_PROBE_BUDGET_S = 10.0
     settings.VOLT_PROBE_ITERS = 5
     settings.VOLT_LINK_FLAP_PERIOD_S = 0.5
