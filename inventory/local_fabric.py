@@ -109,6 +109,13 @@ def sync() -> fe.InstallState | None:
     return state
 
 
+def remove_all() -> None:
+    """Remove whatever this install shaped (the demo on its way out; tests)."""
+    for host in Host.objects.filter(driver=DriverKind.LOCAL).select_related("provider"):
+        fe.stop_flapping(_sandbox(host) / "faults" / "link_flapping")
+    fe.remove(_state_dir())
+
+
 def sync_after_commit() -> None:
     transaction.on_commit(sync)
 

@@ -46,6 +46,7 @@ from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated f
     unavailable_reason,
 )
 from inventory.local_fabric import preload as _local_preload
+from inventory.local_fabric import remove_all as remove_local_fabric  # noqa: F401 - re-exported
 from inventory.local_fabric import sync as sync_local_fabric
 from inventory.local_fabric import sync_after_commit as _sync_fabric_after_commit
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, ProviderMembership, Site

@@ -40,8 +40,10 @@ def test_the_slower_end_sets_the_rate_of_a_link():
 
 
 def test_link_faults_slow_every_link_of_their_host_and_only_those():
-    healthy, degraded, fallback = end("127.0.9.2"), end("127.0.9.3", degraded_pct=25), end(
-        "127.0.9.4", ib_fallback=True
+    healthy, degraded, fallback = (
+        end("127.0.9.2"),
+        end("127.0.9.3", degraded_pct=25),
+        end("127.0.9.4", ib_fallback=True),
     )
     block_rate = int(400.0 * 1e9 * SCALE)
 

@@ -28,6 +28,10 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         if not no_seed:
             call_command("seed_demo")
+        from inventory import services as inventory
+
+        inventory.sync_local_fabric()  # local links shaped while the demo runs (root), or a note why not
+        self.stdout.write(f"Local links: {inventory.unavailable_reason() or 'emulated (shaped on lo)'}.")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         children: list[subprocess.Popen] = []
         redis_url = settings.REDIS_URL
@@ -78,6 +82,7 @@ class Command(BaseCommand):
             self._supervise(children, exit_after)
         finally:
             self._stop(children)
+            inventory.remove_local_fabric()  # lo as it was: nothing of this demo stays shaped
 
     def _wait_for_web(self, port: int, children) -> None:
         deadline = time.monotonic() + 60
