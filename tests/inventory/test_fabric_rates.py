@@ -73,3 +73,39 @@ def test_an_install_with_more_links_than_its_slot_holds_is_refused_with_the_numb
 
 def test_emulation_switched_off_says_so_whatever_the_privilege():
     assert fe.unavailable_reason("off") == "VOLT_LOCAL_FABRIC_EMULATION=off"
+
+
+@pytest.mark.django_db
+def test_a_provider_admin_injects_and_clears_a_link_fault_from_the_host_page(
+    client, priya, northwind, northwind_ib, add_local_host
+):
+    host = add_local_host(northwind, northwind_ib, "h0", gpus=2)
+    client.force_login(priya)
+
+    page = client.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    assert 'id="inject-fault"' in page and "links not emulated" in page  # tests run with emulation off
+    response = client.post(f"/inventory/hosts/{host.pk}/faults/", {"fault": "link_degraded", "value": "25"})
+    assert response.status_code == 302
+    assert "link_degraded:25" in client.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    client.post(f"/inventory/hosts/{host.pk}/faults/", {"fault": "link_degraded", "value": "fast"})
+    page = client.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    assert "write a percentage of the link rate from 1 to 100" in page
+
+    client.post(f"/inventory/hosts/{host.pk}/faults/", {"clear": "link_degraded"})
+    assert "None: a healthy host." in client.get(f"/inventory/hosts/{host.pk}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_fault_api_refuses_a_researcher_and_a_bad_value_with_a_400(
+    priya, alice, northwind, northwind_ib, add_local_host, client_for
+):
+    host = add_local_host(northwind, northwind_ib, "h0", gpus=2)
+
+    assert (
+        client_for(alice).post(f"/api/v1/hosts/{host.pk}/faults/", {"fault": "ib_fallback"}).status_code
+        == 404
+    )
+    bad = client_for(priya).post(f"/api/v1/hosts/{host.pk}/faults/", {"fault": "link_degraded", "value": "0"})
+    assert bad.status_code == 400 and "percentage" in str(bad.json())
+    listed = client_for(priya).get(f"/api/v1/hosts/{host.pk}/faults/").json()
+    assert listed == {"faults": {}, "links_emulated": False, "links_note": "VOLT_LOCAL_FABRIC_EMULATION=off"}
