@@ -108,6 +108,19 @@ def only(names: tuple[str, ...]) -> None:
             services.act_on_host(host, "uncordon" if wanted == "available" else "cordon")
 
 
+class CaseFailed(RuntimeError):
+    """A case's cluster did not come up (on a shared box: another Volt took its Ray ports meanwhile)."""
+
+
+def run_case_with_retry(name: str, attempts: int = 2) -> dict:
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_case(name)
+        except CaseFailed as failure:
+            print(f"{failure} (attempt {attempt}/{attempts})", flush=True)  # only() uncordons the suspects
+    raise SystemExit(f"{name}: no cluster came up in {attempts} attempts")
+
+
 def run_case(name: str) -> dict:
     from django.conf import settings
     from django.contrib.auth import get_user_model
@@ -135,7 +148,7 @@ def run_case(name: str) -> dict:
         cluster = provision.provision_cluster(cluster.pk)
         total = time.perf_counter() - started
         if cluster.status != "ready":
-            raise SystemExit(f"{name}: cluster ended {cluster.status}: {cluster.failure_message}")
+            raise CaseFailed(f"{name}: cluster ended {cluster.status}: {cluster.failure_message}")
         events = {e.to_status: e.at for e in cluster.events.all() if e.from_status != e.to_status}
         services.terminate_cluster(cluster, wait=True)
     finally:
@@ -178,7 +191,10 @@ def main() -> None:
             flush=True,
         )
         try:
-            rows = [run_case(name) for name in CASES]
+            rows = []
+            for name in CASES:
+                rows.append(run_case_with_retry(name))
+                print(rows[-1], flush=True)
         finally:
             fabric_emulation.remove(Path(workdir))
         print_table(rows, ["case", "level", "predicted_gbps", "measured_gbps", "ratio", "flagged", "probe_s",
