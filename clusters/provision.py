@@ -17,6 +17,7 @@ worker died — carries on where the last one stopped.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shlex
 import socket
@@ -194,7 +195,7 @@ def _start(cluster: Cluster, node: ClusterNode, driver, head_address: str | None
         "num_gpus": len(node.gpu_indices),
         "gpu_indices": node.gpu_indices,
         "host_id": node.host_id,
-        "temp_dir": f"/tmp/volt-ray/{cluster.pk}-{node.slot}",
+        "temp_dir": f"/tmp/volt-ray/{_install_tag()}-{cluster.pk}-{node.slot}",
         "python": _python_for(node.host),
         "env": _node_env(node.host),
     }
@@ -233,6 +234,12 @@ def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.Node
         storage_path=_storage_path(cluster),
         updated_at=timezone.now(),
     )
+
+
+def _install_tag() -> str:
+    """Short and unique per install: every Volt (a demo, each test database) numbers clusters from 1, and
+    a Ray temp dir left by another install's cluster 1 on the same slot broke this one's head."""
+    return hashlib.sha1(str(Path(settings.VOLT_DATA_DIR).resolve()).encode()).hexdigest()[:6]
 
 
 def _python_for(host: Host) -> str:
