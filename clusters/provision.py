@@ -60,7 +60,10 @@ class NoReplacement(Exception):
 
 
 def ray_cluster_id(cluster: Cluster) -> str:
-    return f"volt-{cluster.pk}"
+    # With the install's tag: Ray processes are found (and stopped) by this id and their host's address,
+    # and another Volt on the machine (each test database numbers clusters from 1, local hosts from
+    # 127.0.0.2) must never match them.
+    return f"volt-{_install_tag()}-{cluster.pk}"
 
 
 # --- the task body -----------------------------------------------------------------------------------
