@@ -1,6 +1,6 @@
 """Provisioning: request-to-READY of 1-, 2- and 4-node local clusters against plain `ray start`.
 
-    .venv/bin/python bench/provisioning.py [--sizes 1,2,4] [--probe-max-mb 64] [--repeats 3]
+    .venv/bin/python bench/provisioning.py [--sizes 1,2,4] [--probe-max-mb 64] [--repeats 5]
 
 Sets up its own SQLite database and local hosts (real onboarding through the simulated nvidia-smi) in a
 temporary folder, then for each size:
@@ -11,9 +11,13 @@ temporary folder, then for each size:
 - Baseline: on the same hosts, `ray start` of the head, then every worker at once, by hand (the same
   commands with every port and temp dir set, ray_nodes.start_*), until the head reports all nodes ALIVE.
 
-Each size runs `--repeats` rounds, Volt and the baseline alternating which goes first; medians count.
-Target (the provisioning issue): Volt's time within 1.3 x the baseline plus the probe's run time.
-Plain `ray start` measured here earlier: ~10 / 13 / 20 s for 1 / 2 / 4 nodes. The last line is JSON.
+Each size runs `--repeats` rounds (5), Volt and the baseline alternating which goes first; medians count
+and the spread (min-max) is reported with them. Targets: excluding the probe, Volt's time within
+1.3 x the baseline plus the probe's run time; including it (request → READY, the probe sized to
+VOLT_PROBE_BUDGET_S), within 2 x plain `ray start`. Hosts sit on a 127.0.N.x subnet of the bench's own;
+run as root their links are emulated (shaped to NDR x VOLT_LOCAL_FABRIC_SCALE) and the shaping is
+removed at the end. Plain `ray start` measured here earlier: ~10 / 13 / 20 s for 1 / 2 / 4 nodes. The
+last line is JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 TARGET_FACTOR = 1.3
+TARGET_FACTOR_WITH_PROBE = 2.0
+SUBNET = f"127.0.{110 + os.getpid() % 40}"
 
 
 def setup(workdir: Path, hosts: int) -> None:
@@ -72,10 +78,12 @@ def seed_hosts(count: int) -> None:
             name=f"node-{i}",
             block=fabric.blocks.get(),
             driver="local",
+            address=f"{SUBNET}.{i + 2}",  # other Volts on this machine use 127.0.0.N
             price_per_gpu_hour=Decimal("2.00"),
             local_spec=services.default_local_spec("H100", 2, "ib_ndr"),
         )
         services.onboard_host(services.add_host(provider, request, queue=False).pk)
+    services.sync_local_fabric()
     researcher = get_user_model().objects.create_user("bench-researcher")
     accounts.add_member(accounts.create_team("Bench", "bench"), researcher)
 
@@ -156,7 +164,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,4")
     parser.add_argument("--probe-max-mb", type=int, default=64)
     parser.add_argument(
-        "--repeats", type=int, default=3, help="rounds per size (medians reported; order alternates)"
+        "--repeats", type=int, default=5, help="rounds per size (medians reported; order alternates)"
     )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -164,42 +172,12 @@ def main() -> None:
     os.environ["VOLT_PROBE_ITERS"] = "5"
     with tempfile.TemporaryDirectory(prefix="volt-bench-prov-") as workdir:
         setup(Path(workdir), max(sizes))
-        rows = []
-        for nodes in sizes:
-            volts, bases = [], []
-            for round_ in range(args.repeats):
-                if round_ % 2:  # every other round the baseline goes first: neither always meets a warm cache
-                    bases.append(baseline_run(_hosts_for(nodes), slot_base=80))
-                volt = volt_run(nodes)
-                hosts = volt.pop("hosts")
-                volts.append(volt)
-                if not round_ % 2:
-                    bases.append(baseline_run(hosts, slot_base=80))
-            volt_s = statistics.median(v["seconds"] for v in volts)
-            probe_s = statistics.median(v["probe_seconds"] for v in volts)
-            base = statistics.median(bases)
-            allowed = TARGET_FACTOR * base + probe_s
-            rows.append(
-                {
-                    "nodes": nodes,
-                    "volt_s": volt_s,
-                    "probe_s": probe_s,
-                    "ray_start_s": base,
-                    "allowed_s": round(allowed, 2),
-                    "met": volt_s <= allowed,
-                    "volt_over_ray_start_excl_probe": round((volt_s - probe_s) / base, 2),
-                    "probe_busbw_gbps": statistics.median(v["busbw_gbps"] or 0.0 for v in volts) or None,
-                    "volt_runs_s": [v["seconds"] for v in volts],
-                    "slow_hosts_replaced": sum(v["slow_hosts_replaced"] for v in volts),
-                    "ray_start_runs_s": bases,
-                }
-            )
-            print(
-                f"{nodes} node(s): Volt request→READY {volt_s:6.1f} s (probe {probe_s:.1f} s)"
-                f" | plain ray start {base:5.1f} s | allowed {allowed:5.1f} s | "
-                f"{'met' if rows[-1]['met'] else 'NOT met'}  (medians of {args.repeats})",
-                flush=True,
-            )
+        try:
+            rows = _measure(sizes, args.repeats)
+        finally:
+            from inventory import fabric_emulation
+
+            fabric_emulation.remove(Path(workdir))
     print(
         json.dumps(
             {
@@ -207,11 +185,65 @@ def main() -> None:
                 "probe_max_mb": args.probe_max_mb,
                 "repeats": args.repeats,
                 "target_factor": TARGET_FACTOR,
+                "target_factor_with_probe": TARGET_FACTOR_WITH_PROBE,
+                "load_avg_1m": round(os.getloadavg()[0], 1),
                 "sizes": rows,
                 "met": all(r["met"] for r in rows),
+                "met_with_probe": all(r["met_with_probe"] for r in rows),
             }
         )
     )
+
+
+def _spread(values) -> list[float]:
+    return [round(min(values), 2), round(max(values), 2)]
+
+
+def _measure(sizes: list[int], repeats: int) -> list[dict]:
+    """Volt and plain `ray start` per size, alternating which goes first; medians and spreads."""
+    rows = []
+    for nodes in sizes:
+        volts, bases = [], []
+        for round_ in range(repeats):
+            if round_ % 2:  # every other round the baseline goes first: neither always meets a warm cache
+                bases.append(baseline_run(_hosts_for(nodes), slot_base=80))
+            volt = volt_run(nodes)
+            hosts = volt.pop("hosts")
+            volts.append(volt)
+            if not round_ % 2:
+                bases.append(baseline_run(hosts, slot_base=80))
+        volt_s = statistics.median(v["seconds"] for v in volts)
+        probe_s = statistics.median(v["probe_seconds"] for v in volts)
+        base = statistics.median(bases)
+        allowed = TARGET_FACTOR * base + probe_s
+        rows.append(
+            {
+                "nodes": nodes,
+                "volt_s": volt_s,
+                "probe_s": probe_s,
+                "ray_start_s": base,
+                "allowed_s": round(allowed, 2),
+                "met": volt_s <= allowed,
+                "volt_over_ray_start_excl_probe": round((volt_s - probe_s) / base, 2),
+                "volt_over_ray_start_incl_probe": round(volt_s / base, 2),
+                "met_with_probe": volt_s <= TARGET_FACTOR_WITH_PROBE * base,
+                "volt_spread_s": _spread([v["seconds"] for v in volts]),
+                "probe_spread_s": _spread([v["probe_seconds"] for v in volts]),
+                "ray_start_spread_s": _spread(bases),
+                "probe_busbw_gbps": statistics.median(v["busbw_gbps"] or 0.0 for v in volts) or None,
+                "volt_runs_s": [v["seconds"] for v in volts],
+                "slow_hosts_replaced": sum(v["slow_hosts_replaced"] for v in volts),
+                "ray_start_runs_s": bases,
+            }
+        )
+        print(
+            f"{nodes} node(s): Volt request→READY {volt_s:6.1f} s (probe {probe_s:.1f} s)"
+            f" | plain ray start {base:5.1f} s | allowed {allowed:5.1f} s | "
+            f"{'met' if rows[-1]['met'] else 'NOT met'} | with the probe {volt_s / base:.2f}x "
+            f"({'met' if rows[-1]['met_with_probe'] else 'NOT met'})  (medians of {repeats})",
+            flush=True,
+        )
+    return rows
 
 
 def _hosts_for(nodes: int) -> list:

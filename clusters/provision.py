@@ -375,13 +375,22 @@ def verify(cluster: Cluster) -> Cluster:
     if len(nodes) == 1:
         return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
     local = nodes[0].host.driver == DriverKind.LOCAL
+    plan = allreduce.budget_plan(
+        cluster.predicted_busbw_gbps,
+        settings.VOLT_PROBE_BUDGET_S,
+        len(nodes),
+        settings.VOLT_PROBE_ITERS,
+        _PROBE_WARMUP,
+        settings.VOLT_PROBE_MAX_MB * allreduce.MB,
+    )
     entrypoint, runtime_env = allreduce.probe_job(
         settings.VOLT_PROBE_MAX_MB,
         settings.VOLT_PROBE_ITERS,
-        warmup=2,
+        warmup=_PROBE_WARMUP,
         python=_python_for(nodes[0].host),
         expected_nodes=len(nodes),
         env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
+        plan=plan,
     )
     try:
         status, logs = ray_nodes.submit_job(
@@ -398,6 +407,7 @@ def verify(cluster: Cluster) -> Cluster:
         tail = "\n".join(logs.strip().splitlines()[-5:])
         return fail(cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {status.lower()}: {tail}")
     _still_wanted(cluster)
+    result["links_emulated"] = not local or inventory.links_emulated()
     message = _probe_summary(cluster, result)
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     node = next((n for n in nodes if slow and n.host.address == slow["node_ip"]), None)
@@ -423,9 +433,16 @@ def verify(cluster: Cluster) -> Cluster:
     )
 
 
+_PROBE_WARMUP = 2
+
+
 def _flagged(cluster: Cluster, result: dict | None) -> bool:
+    """Below VOLT_PROBE_MIN_FRACTION of the prediction; never for local hosts on plain loopback, whose
+    links do not run at the fabric they declare (the page says "links not emulated" instead)."""
     measured = (result or {}).get("max_busbw_gbps")
     predicted = cluster.predicted_busbw_gbps
+    if not (result or {}).get("links_emulated", True):
+        return False
     return bool(
         measured is not None and predicted and measured < settings.VOLT_PROBE_MIN_FRACTION * predicted
     )
@@ -435,7 +452,13 @@ def _probe_summary(cluster: Cluster, result: dict) -> str:
     measured = result.get("max_busbw_gbps") or 0.0
     predicted = cluster.predicted_busbw_gbps
     ratio = f" ({measured / predicted:.1%} of the predicted {predicted:.1f} GB/s)" if predicted else ""
-    return f"probe: {result['nodes']} ranks over {result['backend']}, max busbw {measured:.2f} GB/s{ratio}"
+    if not result.get("links_emulated", True):
+        ratio = " (local hosts, links not emulated: plain loopback, not compared with the prediction)"
+    sizes = result.get("sizes_bytes") or []
+    ran = f"; sizes {sizes[0] // 1024} KB-{sizes[-1] // 1024} KB" if sizes else ""
+    return (
+        f"probe: {result['nodes']} ranks over {result['backend']}, max busbw {measured:.2f} GB/s{ratio}{ran}"
+    )
 
 
 def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
@@ -444,7 +467,7 @@ def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
     if flagged:
         message += f"; below {settings.VOLT_PROBE_MIN_FRACTION:.0%} of the prediction: flagged"
     if measured is not None:
-        _record_sample(cluster, measured, result["nodes"])
+        _record_sample(cluster, measured, result)
     return transitions.transition(
         cluster,
         S.READY,
@@ -458,16 +481,28 @@ def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
     )
 
 
-def _record_sample(cluster: Cluster, busbw: float, nodes: int) -> None:
-    """Feed the measurement back to placement for the domain the cluster spans (block/fabric/site)."""
+def _record_sample(cluster: Cluster, busbw: float, result: dict) -> None:
+    """Feed the measurement back to placement for the domain the cluster spans (block/fabric/site).
+
+    Local hosts: over emulated links the sample is in the emulation's units (as their predictions);
+    on plain loopback it is kept but never steers placement."""
     from clusters.services import record_bandwidth_sample
 
     plan = cluster.plan or {}
     level, domain = plan.get("spanned_level"), plan.get("spanned_domain") or []
     index = {"block": 3, "fabric": 2, "site": 1, "region": 0}.get(level)
+    local = cluster.nodes.filter(host__driver=DriverKind.LOCAL).exists()
+    emulated = bool(result.get("links_emulated", True))
     if index is not None and len(domain) > index:
-        local = cluster.nodes.filter(host__driver=DriverKind.LOCAL).exists()
-        record_bandwidth_sample(level, domain[index], busbw, nodes=nodes, cluster=cluster, source_local=local)
+        record_bandwidth_sample(
+            level,
+            domain[index],
+            busbw,
+            nodes=result["nodes"],
+            cluster=cluster,
+            source_local=local,
+            emulated=local and emulated,
+        )
 
 
 # --- failure, replacement and teardown -----------------------------------------------------------

@@ -119,8 +119,10 @@ def candidate_snapshots(
         "reliability",
         "nvlink_domain_size",
         "pcie_topology",
+        "driver",
     )
-    return [_snapshot(row) for row in rows.iterator(chunk_size=5000)]
+    scales = {driver: inventory.bandwidth_scale(driver) for driver in ("local", "ssh")}
+    return [_snapshot(row, scales) for row in rows.iterator(chunk_size=5000)]
 
 
 def _fitting_hosts(request: placement.PlacementRequest) -> QuerySet[Host]:
@@ -146,7 +148,7 @@ def _hard_filters(hosts: QuerySet[Host], request: placement.PlacementRequest) ->
     return hosts
 
 
-def _snapshot(row) -> placement.HostSnapshot:
+def _snapshot(row, scales: dict[str, float]) -> placement.HostSnapshot:
     (
         host_id,
         provider_id,
@@ -165,6 +167,7 @@ def _snapshot(row) -> placement.HostSnapshot:
         reliability,
         nvlink_domain_size,
         pcie,
+        driver,
     ) = row
     pcie = pcie or {}
     return placement.HostSnapshot(
@@ -184,6 +187,7 @@ def _snapshot(row) -> placement.HostSnapshot:
         nvlink=nvlink_domain_size > 1,
         pcie_switches=tuple(tuple(group) for group in pcie.get("switches", ())),
         numa_nodes=tuple(tuple(group) for group in pcie.get("numa", ())),
+        bandwidth_scale=scales.get(driver, 1.0),
     )
 
 
@@ -210,7 +214,12 @@ def record_bandwidth_sample(
     source_local: bool = False,
     emulated: bool = False,
 ) -> BandwidthSample:
-    """Store a measured busbw for the domain a probe's cluster spanned (the verification probe calls this)."""
+    """Store a measured busbw for the domain a probe's cluster spanned (the verification probe calls this).
+
+    `source_local`: measured between local hosts; `emulated`: over shaped local links (in the
+    emulation's scaled units, like local hosts' predictions). A local sample on plain loopback says
+    nothing about the fabric its hosts declare: kept for the record, never used by placement.
+    """
     return BandwidthSample.objects.create(
         level=level,
         domain_id=str(domain_id),
@@ -390,7 +399,8 @@ def candidate_inventory(
         if narrow
         else None
     )
-    key = (inventory.capacity_version(), request.models, request.gpus_per_node, filters, team_id)
+    scale = inventory.bandwidth_scale("local")  # emulation switched on/off changes local hosts' figures
+    key = (inventory.capacity_version(), request.models, request.gpus_per_node, filters, team_id, scale)
     return _indexes.get(key, lambda: placement.Inventory(candidate_snapshots(request, narrow, team_id)))
 
 

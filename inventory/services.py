@@ -39,6 +39,18 @@ from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
 from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, create_sandbox
 from inventory.gpu_catalog import BY_MODEL, matching_models
+from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated fabric of local hosts
+    active_faults,
+    bandwidth_scale,
+    clear_host_fault,
+    inject_fault,
+    links_emulated,
+    unavailable_reason,
+)
+from inventory.local_fabric import preload as _local_preload
+from inventory.local_fabric import remove_all as remove_local_fabric  # noqa: F401 - re-exported
+from inventory.local_fabric import sync as sync_local_fabric
+from inventory.local_fabric import sync_after_commit as _sync_fabric_after_commit
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, ProviderMembership, Site
 from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
 from voltweb import crypto, realtime
@@ -221,7 +233,9 @@ def driver_for(host: Host) -> HostDriver:
     """The driver that reaches `host`, configured from its record."""
     timeout = settings.VOLT_DRIVER_TIMEOUT_S
     if host.driver == DriverKind.LOCAL:
-        return LocalDriver(sandbox_path(host), host.address, default_timeout=timeout)
+        return LocalDriver(
+            sandbox_path(host), host.address, default_timeout=timeout, preload=_local_preload()
+        )
     from inventory.drivers.ssh import SshDriver
 
     return SshDriver(
@@ -436,6 +450,8 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     transitions.transition_host(host, HostState.AVAILABLE, reason=summary, extra=extra)
     refresh_free_capacity([host.pk, *moved_from])
     capacity_changed()
+    if host.driver == DriverKind.LOCAL:
+        _sync_fabric_after_commit()
     host.refresh_from_db()
     return host
 
@@ -505,6 +521,8 @@ def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, 
             _queue_onboarding(host)
         if target == HostState.AVAILABLE:
             capacity_changed()
+        if target == HostState.RETIRED and host.driver == DriverKind.LOCAL:
+            _sync_fabric_after_commit()
     return host
 
 
@@ -650,6 +668,8 @@ def health_sweep() -> dict:
             logger.exception("recording the health of host %s failed", host.pk)
             outcome = "error"
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    if any(host.driver == DriverKind.LOCAL for host in hosts):
+        sync_local_fabric()  # fault files written by hand take effect here
     return outcomes
 
 

@@ -15,6 +15,8 @@ from django.views.decorators.http import require_POST
 
 from inventory import services, validation
 from inventory.choices import DriverKind, FabricKind, HostState
+from inventory.drivers import faults as fault_table
+from inventory.drivers.base import DriverError
 from inventory.filters import ConsoleHostFilter, ConsoleOfferFilter
 from inventory.forms import FabricForm, HostForm, ProviderForm
 from inventory.gpu_catalog import BY_MODEL
@@ -118,7 +120,33 @@ def _allowed(state: str, target: str) -> bool:
 
 @login_required
 def host_detail(request, pk):
-    return render(request, "inventory/host_detail.html", _host_context(request, pk))
+    context = _host_context(request, pk)
+    host = context["host"]
+    if context["manages"] and host.driver == DriverKind.LOCAL:
+        context["faults"] = services.active_faults(host)
+        context["fault_choices"] = [f.name for f in fault_table.CATALOG if not f.at_creation_only]
+        context["links_note"] = services.unavailable_reason()
+    return render(request, "inventory/host_detail.html", context)
+
+
+@login_required
+@require_POST
+def host_faults(request, pk):
+    """Inject (`fault`, `value`) into or clear (`clear`) a fault of a local host the user manages."""
+    host = get_object_or_404(services.visible_hosts(request.user).select_related("provider"), pk=pk)
+    if not services.can_manage_provider(request.user, host.provider):
+        raise Http404("No such host among yours.")
+    clear, fault = request.POST.get("clear", ""), request.POST.get("fault", "")
+    try:
+        if clear:
+            services.clear_host_fault(host, clear, actor=request.user)
+            messages.success(request, f"{host.name}: fault {clear} cleared.")
+        else:
+            services.inject_fault(host, fault, request.POST.get("value", "").strip(), actor=request.user)
+            messages.success(request, f"{host.name}: fault {fault} injected.")
+    except (ValueError, DriverError) as exc:
+        messages.error(request, str(exc))
+    return redirect("inventory:host", pk=host.pk)
 
 
 @login_required

@@ -275,6 +275,18 @@ VOLT_PROBE_MIN_FRACTION = env_float("VOLT_PROBE_MIN_FRACTION", 0.5, minimum=0.0,
 # hosts' median) gets that host replaced before READY, up to this many times per cluster (0: never).
 VOLT_SLOW_HOST_FRACTION = env_float("VOLT_SLOW_HOST_FRACTION", 0.5, minimum=0.0, maximum=1.0)
 VOLT_SLOW_HOST_REPLACEMENTS = env_int("VOLT_SLOW_HOST_REPLACEMENTS", 1, minimum=0)
+# The probe picks its message sizes so that it runs in about this many seconds (clusters/probes/allreduce.py).
+VOLT_PROBE_BUDGET_S = env_float("VOLT_PROBE_BUDGET_S", 12.0, minimum=1.0, maximum=3600.0)
+# Emulated fabric for local hosts (inventory/fabric_emulation.py): "auto" shapes loopback links between
+# local hosts where Volt may configure the network (root / CAP_NET_ADMIN); "off" never does.
+VOLT_LOCAL_FABRIC_EMULATION = env_str("VOLT_LOCAL_FABRIC_EMULATION", "auto")
+if VOLT_LOCAL_FABRIC_EMULATION not in ("auto", "off"):
+    raise ImproperlyConfigured("VOLT_LOCAL_FABRIC_EMULATION must be auto or off")
+# Declared GB/s x this = the shaped rate: NDR's 400 GB/s becomes 100 MB/s, under what this machine's
+# loopback delivers to the probe (docs/architecture.md, "Emulated fabric").
+VOLT_LOCAL_FABRIC_SCALE = env_float("VOLT_LOCAL_FABRIC_SCALE", 0.00025, minimum=1e-7, maximum=1.0)
+VOLT_LINK_FLAP_PERIOD_S = env_float("VOLT_LINK_FLAP_PERIOD_S", 3.0, minimum=0.5, maximum=600.0)
+VOLT_LINK_FLAP_MAX_S = env_float("VOLT_LINK_FLAP_MAX_S", 3600.0, minimum=1.0, maximum=86400.0)
 # Python that runs `ray start` on ssh hosts (local hosts use this project's interpreter).
 VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
 

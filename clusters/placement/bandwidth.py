@@ -69,14 +69,15 @@ def measured_key(host: HostSnapshot, level: Level) -> tuple[str, str]:
 
 
 def declared_figures_gbps(host: HostSnapshot) -> tuple[float, float, float, float, float]:
-    """The declared figure of each level for `host`, finest first."""
+    """The declared figure of each level for `host`, finest first (times its bandwidth_scale)."""
     fabric = host.fabric_host_gbps / max(host.fabric_oversubscription, 1e-9)
+    scale = host.bandwidth_scale
     return (
-        host.fabric_host_gbps,
-        fabric,
-        host.site_backbone_gbps,
-        WAN_SAME_REGION_GBPS,
-        WAN_CROSS_REGION_GBPS,
+        host.fabric_host_gbps * scale,
+        fabric * scale,
+        host.site_backbone_gbps * scale,
+        WAN_SAME_REGION_GBPS * scale,
+        WAN_CROSS_REGION_GBPS * scale,
     )
 
 

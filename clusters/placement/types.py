@@ -108,6 +108,10 @@ class HostSnapshot:
     pcie_switches: tuple[tuple[int, ...], ...] = ()  # GPU indices under one PCIe switch (PIX/PXB)
     numa_nodes: tuple[tuple[int, ...], ...] = ()  # GPU indices on one NUMA node (NODE/PHB, not SYS)
 
+    # Every declared figure of this host is multiplied by this: local hosts on an emulated fabric run at
+    # VOLT_LOCAL_FABRIC_SCALE of their declared speeds (inventory/fabric_emulation.py), 1 elsewhere.
+    bandwidth_scale: float = 1.0
+
     def free_count(self) -> int:
         """Free GPUs on the host, whatever their domain."""
         return sum(len(domain) for domain in self.free_gpus)

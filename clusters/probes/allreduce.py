@@ -13,10 +13,17 @@ algbw_gbps = bytes / time / 1e9 and busbw_gbps = algbw * 2(n-1)/n, and prints on
     VOLT_PROBE_RESULT {"nodes": n, "backend": "gloo", "results": [...], "max_busbw_gbps": ...,
                        "hosts": [...], "links": [...]}
 
+Sizes follow a time budget (`budget_plan`): from the predicted busbw and VOLT_PROBE_BUDGET_S the
+caller picks the largest message the sweep can afford (a cross-site cluster is not probed with
+256 MB) and the link-test message, and passes them as `--sizes` / `--link-bytes`; the result repeats
+them (`sizes_bytes`, `link_bytes`, `budget_s`) with the probe's own run time (`elapsed_s`).
+
 A collective's time is set by its slowest member, so the all-reduce alone cannot say which host is
 slow. A second, per-host phase tells: one host at a time, a local memory test (`local_gbps`: an
-in-place add over the link-test message, 3 bytes moved per byte); then one link at a time, a two-way
-exchange between neighbours on a ring (0-1, 1-2, ..., n-1 - 0; one link for two nodes). Each figure
+in-place add over `--local-bytes`, 3 bytes moved per byte); then the ring's links (0-1, 1-2, ...,
+n-1 - 0; one link for two nodes), disjoint links at once (`link_groups`: the even links, then the odd
+ones, and the closing link of an odd ring on its own), each a two-way exchange between neighbours,
+so the phase's cost does not grow with the node count on a non-blocking fabric. Each figure
 is the best of `--host-rounds` windows of `--host-window-s` seconds, taken round-robin so a host's
 windows lie apart in time: a moment of load elsewhere does not make a host look slow, while a
 throttled one (CPU quota, bad DIMM, degraded NIC) stays slow in every window. A host's `link_gbps` is its best link: on a ring of three or more, a slow host is
@@ -40,6 +47,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -58,13 +66,18 @@ def probe_job(
     python: str = "python",
     expected_nodes: int | None = None,
     env_vars: Mapping[str, str] | None = None,
+    plan: ProbePlan | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The (entrypoint, runtime_env) to submit this probe as a Ray job.
 
     The working_dir upload ships this folder; pass `env_vars={"GLOO_SOCKET_IFNAME": "lo"}` on local
-    hosts (DESIGN.md) so any other torch code in the job stays on loopback too.
+    hosts (DESIGN.md) so any other torch code in the job stays on loopback too. With a `plan`
+    (`budget_plan`), its sizes replace 1 MB .. max_mb.
     """
     args = [python, "allreduce.py", "--max-mb", str(max_mb), "--iters", str(iters), "--warmup", str(warmup)]
+    if plan is not None:
+        args += ["--sizes", ",".join(str(size) for size in plan.sizes), "--link-bytes", str(plan.link_bytes),
+                 "--local-bytes", str(plan.local_bytes), "--budget-s", f"{plan.budget_s:g}"]  # fmt: skip
     if expected_nodes is not None:
         args += ["--nodes", str(expected_nodes)]
     runtime_env: dict[str, Any] = {
@@ -96,13 +109,90 @@ def message_sizes(max_mb: int, min_mb: int = 1) -> list[int]:
     return sizes
 
 
+@dataclass(frozen=True)
+class ProbePlan:
+    """What the probe runs: all-reduce message sizes (bytes), link-test and local-test message sizes."""
+
+    sizes: tuple[int, ...]
+    link_bytes: int
+    local_bytes: int
+    budget_s: float
+
+
+MIN_MESSAGE_BYTES = 64 * 1024
+_SWEEP_SHARE = 0.6  # of the budget; the per-host phase gets the rest
+_SIZES_SPAN = 64  # smallest size = largest / 64 (7 sizes at most)
+# One link-test exchange lasts about this long at the predicted rate: a few fit in a window, and a link
+# far slower than predicted (a fault) still takes seconds, not minutes.
+_LINK_STEP_S = 0.05
+
+
+def _power_of_two_at_most(value: float) -> int:
+    size = MIN_MESSAGE_BYTES
+    while size * 2 <= value:
+        size *= 2
+    return size
+
+
+def budget_plan(
+    predicted_busbw_gbps: float | None,
+    budget_s: float,
+    nodes: int,
+    iters: int,
+    warmup: int,
+    max_bytes: int,
+) -> ProbePlan:
+    """Message sizes that let the probe finish in about `budget_s` at the predicted busbw.
+
+    The sweep moves (iters + warmup) x 2(n-1)/n x size per size, and sizes double up to the largest,
+    so the largest is about share x budget x busbw / (2 x calls x 2(n-1)/n); the probe also stops
+    early when a size would end past the sweep's share (a link slower than predicted). A link-test
+    exchange lasts about _LINK_STEP_S at the predicted rate. Sizes are powers of two, 64 KB and up,
+    at most `max_bytes`.
+    """
+    busbw = (predicted_busbw_gbps or 0.0) * 1e9
+    if busbw <= 0:
+        largest = max_bytes
+        link = min(max_bytes, 64 * MB)
+    else:
+        factor = 2 * (nodes - 1) / nodes if nodes > 1 else 1.0
+        largest = _SWEEP_SHARE * budget_s * busbw / (2 * (iters + warmup) * factor)
+        link = busbw * _LINK_STEP_S
+    largest = _power_of_two_at_most(min(largest, max_bytes))
+    sizes = tuple(message_sizes_bytes(largest, max(MIN_MESSAGE_BYTES, largest // _SIZES_SPAN)))
+    link_bytes = _power_of_two_at_most(min(link, max_bytes, 64 * MB))
+    return ProbePlan(sizes, link_bytes, min(max_bytes, 64 * MB), budget_s)
+
+
+def message_sizes_bytes(max_bytes: int, min_bytes: int) -> list[int]:
+    """Powers of two (times min_bytes) from min_bytes up to max_bytes."""
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def link_groups(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Ring links in rounds of disjoint links (no host in two links of a round): even, odd, closing."""
+    groups: list[list[tuple[int, int]]] = []
+    for pair in pairs:
+        for group in groups:
+            if not {pair[0], pair[1]} & {host for link in group for host in link}:
+                group.append(pair)
+                break
+        else:
+            groups.append([pair])
+    return groups
+
+
 def summarize(
     nodes: int, backend: str, sizes: list[int], rank_times: list[list[float]], **extra: Any
 ) -> dict[str, Any]:
     """nccl-tests figures per size from every rank's average times (the slowest rank counts)."""
     factor = 2 * (nodes - 1) / nodes
     results = []
-    for index, size in enumerate(sizes):
+    for index, size in enumerate(sizes[: min(len(times) for times in rank_times)]):
         time_s = max(times[index] for times in rank_times)
         algbw = size / time_s / 1e9
         results.append({"bytes": size, "time_s": time_s, "algbw_gbps": algbw, "busbw_gbps": algbw * factor})
@@ -293,17 +383,33 @@ class Rank:
 
         store = self._store or TCPStore(master, port, world, is_master=False, timeout=_GROUP_TIMEOUT)
         self._group = _Collective(backend, store, rank, world, self.node_ip)
+        self._world = world
         check = torch.full((8,), float(rank + 1), device=self._group.device)
         self._group.all_reduce(check)
         self._group.synchronize()
         return bool(torch.all(check == world * (world + 1) / 2).item())
 
-    def allreduce_times(self, sizes: list[int], iters: int, warmup: int) -> list[float]:
+    def allreduce_times(
+        self, sizes: list[int], iters: int, warmup: int, budget_s: float | None = None
+    ) -> list[float]:
+        """Average time per size, smallest first. With `budget_s`, stops before a size that would end
+        past the budget at the rate seen so far (every rank takes the same decision: the elapsed time
+        is all-reduced), so a link far slower than predicted does not stretch the probe."""
         import torch
 
         device = self._group.device
-        return [self._time(self._group, torch.zeros(size // 4, dtype=torch.float32, device=device), iters, warmup)
-                for size in sizes]  # fmt: skip
+        times: list[float] = []
+        started = time.perf_counter()
+        for size in sizes:
+            if times and budget_s is not None:
+                elapsed_ms = torch.tensor([int((time.perf_counter() - started) * 1000)], device=device)
+                self._group.all_reduce(elapsed_ms)  # the sum: the same on every rank
+                elapsed = elapsed_ms.item() / 1000 / self._world
+                if elapsed + 2 * times[-1] * (iters + warmup) > budget_s:
+                    break
+            tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)
+            times.append(self._time(self._group, tensor, iters, warmup))
+        return times
 
     def local_gbps(self, size: int, window_s: float, rounds: int) -> float:
         """This host alone: an in-place add over `size` bytes (reads 2, writes 1)."""
@@ -359,9 +465,15 @@ def run_probe(
     expected_nodes: int | None = None,
     host_window_s: float = 0.2,
     host_rounds: int = 2,
+    sizes: list[int] | None = None,
+    link_bytes: int | None = None,
+    local_bytes: int | None = None,
+    budget_s: float | None = None,
 ):
     """Run the probe on the connected Ray cluster (call ray.init() first); returns the summary dict."""
     import ray
+
+    started_at = time.perf_counter()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = sorted(
@@ -384,28 +496,33 @@ def run_probe(
     infos = get([rank.info.remote() for rank in ranks])
     if backend == "auto":
         backend = "nccl" if all(info["cuda"] for info in infos) else "gloo"
-    world, sizes = len(ranks), message_sizes(max_mb)
+    world, sizes = len(ranks), list(sizes or message_sizes(max_mb))
     port = get(ranks[0].host_store.remote(world))
     master = infos[0]["node_ip"]
     correct = get([rank.join.remote(i, world, master, port, backend) for i, rank in enumerate(ranks)])
     try:
-        times = get([rank.allreduce_times.remote(sizes, iters, warmup) for rank in ranks])
-        # One host, then one link, at a time: nothing else competes with what is measured. Rounds go
-        # round-robin, so a host's windows lie apart in time and a burst of load elsewhere that
+        sweep_budget = budget_s * _SWEEP_SHARE if budget_s else None
+        times = get([rank.allreduce_times.remote(sizes, iters, warmup, sweep_budget) for rank in ranks])
+        sizes = sizes[: min(len(t) for t in times)]  # the sizes that ran
+        # One host at a time, then disjoint links at once: no two measured things share a host. Rounds
+        # go round-robin, so a host's windows lie apart in time and a burst of load elsewhere that
         # spoils one of them does not spoil the other: the best window counts.
-        test_size = min(sizes[-1], 64 * MB)
+        local_size = local_bytes or min(sizes[-1], 64 * MB)
+        link_size = link_bytes or min(sizes[-1], 64 * MB)
         local = [0.0] * world
         pairs = ring_links(world)
-        link_rates = [0.0] * len(pairs)
+        groups = link_groups(pairs)
+        link_rates = {pair: 0.0 for pair in pairs}
         for _ in range(host_rounds):
             for i, rank in enumerate(ranks):
-                local[i] = max(local[i], get(rank.local_gbps.remote(test_size, host_window_s, 1)))
+                local[i] = max(local[i], get(rank.local_gbps.remote(local_size, host_window_s, 1)))
         for _ in range(host_rounds):
-            for index, (a, b) in enumerate(pairs):
-                rates = get([ranks[a].link_gbps.remote(b, test_size, host_window_s, 1),
-                             ranks[b].link_gbps.remote(a, test_size, host_window_s, 1)])  # fmt: skip
-                link_rates[index] = max(link_rates[index], min(rates))
-        links = [(a, b, rate) for (a, b), rate in zip(pairs, link_rates, strict=True)]
+            for group in groups:
+                refs = [(ranks[a].link_gbps.remote(b, link_size, host_window_s, 1),
+                         ranks[b].link_gbps.remote(a, link_size, host_window_s, 1)) for a, b in group]  # fmt: skip
+                for pair, (ref_a, ref_b) in zip(group, refs, strict=True):
+                    link_rates[pair] = max(link_rates[pair], min(get([ref_a, ref_b])))
+        links = [(a, b, link_rates[(a, b)]) for a, b in pairs]
     finally:
         get([rank.close.remote() for rank in ranks])
     node_ips = [info["node_ip"] for info in infos]
@@ -414,6 +531,9 @@ def run_probe(
         node_ips=node_ips, iters=iters, warmup=warmup, correct=all(correct),
         hosts=summarize_hosts(node_ips, local, links),
         links=[{"ranks": [a, b], "gbps": gbps} for a, b, gbps in links],
+        sizes_bytes=sizes, link_bytes=link_size, local_bytes=local_size, budget_s=budget_s,
+        link_groups=[[list(pair) for pair in group] for group in groups],
+        elapsed_s=time.perf_counter() - started_at,
     )  # fmt: skip
 
 
@@ -430,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
         "--host-window-s", type=float, default=0.2, help="per-host tests: seconds per timed window"
     )
     parser.add_argument("--host-rounds", type=int, default=2, help="per-host tests: windows (best counts)")
+    parser.add_argument("--sizes", default="", help="all-reduce message sizes in bytes, comma-separated")
+    parser.add_argument("--link-bytes", type=int, default=None, help="link-test message, bytes")
+    parser.add_argument("--local-bytes", type=int, default=None, help="local memory test message, bytes")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="the time budget the sizes were picked for"
+    )
     args = parser.parse_args(argv)
 
     import ray
@@ -444,6 +570,10 @@ def main(argv: list[str] | None = None) -> int:
             args.nodes,
             args.host_window_s,
             args.host_rounds,
+            sizes=[int(size) for size in args.sizes.split(",") if size] or None,
+            link_bytes=args.link_bytes,
+            local_bytes=args.local_bytes,
+            budget_s=args.budget_s,
         )
     finally:
         ray.shutdown()

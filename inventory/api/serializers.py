@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from inventory import services, validation
 from inventory.choices import DriverKind, FabricKind, GpuHealth, OnboardingError
+from inventory.drivers import faults as fault_table
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, NetworkPort, Provider, Site
 from inventory.services import HostRequest
@@ -245,6 +246,20 @@ class HostCreateSerializer(serializers.Serializer):
 
 class HostActionSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class HostFaultSerializer(serializers.Serializer):
+    """A fault to inject into (POST) or clear from (DELETE) a local host; `value` where it takes one
+    (`throttled`: % of one CPU, `link_degraded`: % of the link rate, `gpu_lost`: GPU indices...)."""
+
+    fault = serializers.ChoiceField(choices=[f.name for f in fault_table.CATALOG if not f.at_creation_only])
+    value = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+
+
+class HostFaultsSerializer(serializers.Serializer):
+    faults = serializers.DictField(child=serializers.CharField(allow_blank=True))
+    links_emulated = serializers.BooleanField()
+    links_note = serializers.CharField(allow_blank=True)
 
 
 class HostEventSerializer(serializers.ModelSerializer):

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from inventory import services
 from inventory.api import serializers as s
+from inventory.drivers.base import DriverError
 from inventory.filters import GpuFilter, HostFilter, OfferFilter
 from inventory.models import Block, Fabric, Host, Site
 from inventory.validation import HostRefused
@@ -231,6 +232,34 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def rediscover(self, request, pk=None):
         return self._act(request, pk, "rediscover")
+
+    @extend_schema(methods=["get"], request=None, responses={200: s.HostFaultsSerializer, **ERRORS})
+    @extend_schema(
+        methods=["post", "delete"],
+        request=s.HostFaultSerializer,
+        responses={200: s.HostFaultsSerializer, **ERRORS},
+    )
+    @action(detail=True, methods=["get", "post", "delete"])
+    def faults(self, request, pk=None):
+        """A local host's injected faults: GET lists, POST injects `fault` (with `value`), DELETE clears it."""
+        host = self.get_object()
+        if not self._manages(host):
+            raise NotFound("No such host among your provider's hosts.")
+        if request.method != "GET":
+            body = s.HostFaultSerializer(data=request.data or request.query_params)
+            body.is_valid(raise_exception=True)
+            fault, value = body.validated_data["fault"], body.validated_data["value"]
+            try:
+                if request.method == "POST":
+                    services.inject_fault(host, fault, value, actor=request.user)
+                else:
+                    services.clear_host_fault(host, fault, actor=request.user)
+            except (ValueError, DriverError) as exc:
+                raise ValidationError({"fault": str(exc)}) from None
+        note = services.unavailable_reason() or ""
+        return Response(
+            {"faults": services.active_faults(host), "links_emulated": not note, "links_note": note}
+        )
 
     @extend_schema(responses={200: s.HostEventSerializer(many=True)})
     @action(detail=True, methods=["get"])

@@ -63,6 +63,22 @@ def _needs_cpu_cgroup() -> str | None:
     return "this machine gives Volt no writable CPU cgroup (run as root or delegate the cpu controller)"
 
 
+def _needs_infiniband(kind: HostKind) -> str | None:
+    if kind.fabric_kind.startswith("ib_"):
+        return None
+    return "only hosts on an InfiniBand fabric can fall back from InfiniBand to Ethernet"
+
+
+def _needs_emulated_links() -> str | None:
+    # Link faults change the shaping of local links (inventory/fabric_emulation.py): without it they
+    # would silently do nothing. Django's settings are read here only (this module stays importable without).
+    from django.conf import settings
+
+    from inventory.fabric_emulation import unavailable_reason
+
+    return unavailable_reason(settings.VOLT_LOCAL_FABRIC_EMULATION)
+
+
 @dataclass(frozen=True)
 class Fault:
     """One injectable fault (see the module docstring)."""
@@ -116,6 +132,19 @@ CATALOG: tuple[Fault, ...] = (
         "the host runs at a share of one CPU: onboards fine, then the cluster probe finds it slow",
         value=FaultValue("CPU share (% of one core)", 1, 100, 20),
         machine_check=_needs_cpu_cgroup,
+    ),
+    Fault(
+        "link_degraded",
+        "the host's links run at a share of their rate (emulated fabric)",
+        value=FaultValue("link rate (% of declared)", 1, 100, 50),
+        machine_check=_needs_emulated_links,
+    ),
+    Fault("link_flapping", "the host's links go down and up every few seconds", machine_check=_needs_emulated_links),
+    Fault(
+        "ib_fallback",
+        "the host's links drop to the Ethernet class's rate (silent InfiniBand-to-TCP fallback)",
+        applies_to=_needs_infiniband,
+        machine_check=_needs_emulated_links,
     ),
 )  # fmt: skip
 BY_NAME = {fault.name: fault for fault in CATALOG}

@@ -19,6 +19,9 @@ directory, and `faults/` holds files that inject failures:
                                 (Ray nodes and their workers too), runs in a CPU cgroup with that
                                 quota. Needs a writable cgroup (root); clear_fault removes the cgroup
                                 once nothing runs in it.
+    faults/link_degraded        "25": the host's links run at 25% of their rate     } emulated fabric only
+    faults/link_flapping        its links go down and up every few seconds          } (inventory/
+    faults/ib_fallback          its links drop to the Ethernet class's rate         }  fabric_emulation.py)
 A host without nvidia-smi is a sandbox whose bin/ lacks it (fault `nvidia_smi_missing` at creation);
 the same for ibstat (`ibstat_missing`). `sys/class/infiniband/` holds the NICs' sysfs files (what
 discovery reads where ibstat is absent), laid out from the spec.
@@ -44,6 +47,7 @@ from inventory.drivers.simulator import sysfs_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAULTS = fault_table.NAMES  # what each does, takes and applies to: inventory/drivers/faults.py
+LINK_FAULTS = ("link_degraded", "link_flapping", "ib_fallback")
 _HEAD_ADDRESS = re.compile(r"--address=([0-9.]+):\d+")
 _TOOLS = ("nvidia-smi", "ibstat")
 
@@ -51,10 +55,13 @@ _TOOLS = ("nvidia-smi", "ibstat")
 class LocalDriver(HostDriver):
     """Runs commands in the sandbox with its own PATH, HOME and loopback address."""
 
-    def __init__(self, sandbox: Path, address: str, default_timeout: float = 30.0):
+    def __init__(
+        self, sandbox: Path, address: str, default_timeout: float = 30.0, preload: Path | None = None
+    ):
         self.sandbox = Path(sandbox)
         self.address = address
         self.default_timeout = default_timeout
+        self.preload = preload  # emulated fabric: bindsrc.so, so connections leave from `address`
 
     def _check_up(self) -> None:
         if not self.sandbox.is_dir():
@@ -72,7 +79,7 @@ class LocalDriver(HostDriver):
             "/usr/bin",
             "/bin",
         ]
-        return {
+        env = {
             "PATH": os.pathsep.join(bin_dirs),
             "HOME": str(self.sandbox / "home"),
             "VOLT_HOST_ROOT": str(self.sandbox),
@@ -81,6 +88,9 @@ class LocalDriver(HostDriver):
             "GLOO_SOCKET_IFNAME": "lo",
             "LANG": "C.UTF-8",
         }
+        if self.preload is not None:
+            env["LD_PRELOAD"] = str(self.preload)
+        return env
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         self._check_up()
@@ -166,6 +176,8 @@ def set_fault(sandbox: Path, name: str, content: str = "") -> None:
     """Inject a fault into a running sandbox (tests, demos)."""
     if name not in FAULTS or fault_table.BY_NAME[name].at_creation_only:
         raise ValueError(f"cannot inject {name!r} at run time")
+    if name == "link_degraded":
+        percent_value(name, content)
     (sandbox / "faults" / name).write_text(content)
 
 
@@ -182,15 +194,21 @@ _CGROUP_V2 = Path("/sys/fs/cgroup")
 _PERIOD_US = 100_000
 
 
-def _throttle_percent(content: str) -> int:
-    text = content.strip() or "20"
+def percent_value(fault: str, content: str) -> int:
+    """The percentage a `throttled` (of one CPU) or `link_degraded` (of the link rate) fault holds."""
+    text = content.strip() or {"throttled": "20", "link_degraded": "50"}[fault]
     try:
         percent = int(text)
     except ValueError:
-        raise DriverError(f"fault throttled holds {text!r}; write a CPU percentage from 1 to 100") from None
-    if not 1 <= percent <= 100:
-        raise DriverError(f"fault throttled holds {percent}; write a CPU percentage from 1 to 100")
+        percent = None
+    if percent is None or not 1 <= percent <= 100:
+        what = "a CPU percentage" if fault == "throttled" else "a percentage of the link rate"
+        raise DriverError(f"fault {fault} holds {text!r}; write {what} from 1 to 100")
     return percent
+
+
+def _throttle_percent(content: str) -> int:
+    return percent_value("throttled", content)
 
 
 def _cgroup_dir(sandbox: Path) -> Path:

@@ -67,3 +67,39 @@ def test_the_fraction_sets_how_far_behind_a_host_must_be():
 
 def test_a_result_without_per_host_figures_names_no_one():
     assert slowest_host({"nodes": 3, "results": []}) is None
+
+
+def test_probe_sizes_follow_the_predicted_bandwidth_and_the_budget():
+    from clusters.probes.allreduce import MIN_MESSAGE_BYTES, budget_plan
+
+    block = budget_plan(0.1, 12.0, 2, iters=10, warmup=2, max_bytes=256 * MB)
+    site = budget_plan(0.003125, 12.0, 2, iters=10, warmup=2, max_bytes=256 * MB)
+    datacenter = budget_plan(400.0, 12.0, 2, iters=10, warmup=2, max_bytes=256 * MB)
+
+    assert site.sizes[-1] < block.sizes[-1] < datacenter.sizes[-1] == 256 * MB
+    for plan, busbw in ((block, 0.1e9), (site, 0.003125e9)):
+        sweep_s = sum(12 * size / busbw for size in plan.sizes)
+        assert sweep_s <= 0.6 * 12.0  # the sweep's share of the budget, at the predicted rate
+        assert plan.link_bytes / busbw <= 0.05 or plan.link_bytes == MIN_MESSAGE_BYTES
+    assert all(size >= MIN_MESSAGE_BYTES and size & (size - 1) == 0 for size in site.sizes)
+    assert budget_plan(None, 12.0, 2, 10, 2, 8 * MB).sizes[-1] == 8 * MB  # no prediction: the cap
+
+
+def test_link_groups_run_disjoint_ring_links_together():
+    from clusters.probes.allreduce import link_groups
+
+    assert link_groups(ring_links(2)) == [[(0, 1)]]
+    assert link_groups(ring_links(4)) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
+    assert link_groups(ring_links(5)) == [[(0, 1), (2, 3)], [(1, 2), (3, 4)], [(4, 0)]]
+    for world in range(2, 9):
+        groups = link_groups(ring_links(world))
+        assert sorted(pair for group in groups for pair in group) == sorted(ring_links(world))
+        for group in groups:
+            hosts = [host for pair in group for host in pair]
+            assert len(hosts) == len(set(hosts))
+
+
+def test_a_sweep_cut_short_reports_only_the_sizes_that_ran():
+    result = summarize(2, "gloo", [MB, 2 * MB, 4 * MB], [[0.01, 0.02], [0.011, 0.021]])
+
+    assert [r["bytes"] for r in result["results"]] == [MB, 2 * MB]

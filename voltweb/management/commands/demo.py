@@ -37,6 +37,7 @@ class Command(BaseCommand):
             self._stop(children)  # web, worker and beat first: nothing starts a Ray node after this
             self._stop_clusters()
             self._stop(redis)
+            _remove_local_fabric()  # lo as it was: nothing of this demo stays shaped
             self.stdout.write("Demo stopped.")
 
     def _run(self, port, no_seed, exit_after, children, redis) -> None:
@@ -52,6 +53,10 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         if not no_seed:
             call_command("seed_demo")
+        from inventory import services as inventory
+
+        inventory.sync_local_fabric()  # local links shaped while the demo runs (root), or a note why not
+        self.stdout.write(f"Local links: {inventory.unavailable_reason() or 'emulated (shaped on lo)'}.")
         env = dict(os.environ, PYTHONUNBUFFERED="1", REDIS_URL=redis_url)
 
         python = sys.executable
@@ -206,6 +211,12 @@ def _use_redis(url: str) -> None:
     except AttributeError:  # not built yet
         pass
     channel_layers.backends.clear()
+
+
+def _remove_local_fabric() -> None:
+    from inventory import services as inventory
+
+    inventory.remove_local_fabric()
 
 
 def _check_port_free(port: int) -> None:

@@ -1,0 +1,186 @@
+"""This install's emulated fabric (DESIGN.md "Emulated fabric"): whether links are shaped, keeping the
+shaping in step with the local hosts, and injecting or clearing faults on local hosts.
+
+The machine side (tc classes, the source-address shim, the flapping process) is
+inventory/fabric_emulation.py; this module reads the database and the hosts' fault files and calls it.
+`inventory.services` re-exports what other apps use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from inventory import fabric_emulation as fe
+from inventory.choices import DriverKind, HostEventKind, HostState
+from inventory.drivers.base import DriverError
+from inventory.drivers.local import LINK_FAULTS, clear_fault, percent_value, set_fault
+from inventory.models import Host, HostEvent
+
+logger = logging.getLogger(__name__)
+_SHAPED_STATES_EXCLUDED = (HostState.RETIRED, HostState.FAILED)
+
+
+def unavailable_reason() -> str | None:
+    """Why local links are not emulated here, or None when they are shaped."""
+    return fe.unavailable_reason(settings.VOLT_LOCAL_FABRIC_EMULATION)
+
+
+def links_emulated() -> bool:
+    return unavailable_reason() is None
+
+
+def bandwidth_scale(driver: str) -> float:
+    """What a host's declared figures are multiplied by in predictions: the emulation's scale on local hosts
+    whose links are shaped, 1 everywhere else."""
+    if driver == DriverKind.LOCAL and links_emulated():
+        return settings.VOLT_LOCAL_FABRIC_SCALE
+    return 1.0
+
+
+def preload() -> Path | None:
+    """The source-address shim local hosts' processes run with, when links are shaped."""
+    if not links_emulated():
+        return None
+    try:
+        return fe.shim_path()
+    except fe.EmulationUnavailable:
+        logger.warning("local links cannot be emulated", exc_info=True)
+        return None
+
+
+def _state_dir() -> Path:
+    return Path(settings.VOLT_DATA_DIR)
+
+
+def _sandbox(host: Host) -> Path:
+    from inventory.services import sandbox_path
+
+    return sandbox_path(host)
+
+
+def _link_end(host: Host) -> fe.LinkEnd:
+    faults = _sandbox(host) / "faults"
+    degraded = 100.0
+    if (faults / "link_degraded").exists():
+        try:
+            degraded = percent_value("link_degraded", (faults / "link_degraded").read_text())
+        except DriverError:
+            logger.warning("host %s: ignoring an unreadable link_degraded fault", host.pk)
+    return fe.LinkEnd(
+        address=host.address,
+        path=(host.site.region, str(host.site_id), str(host.fabric_id), str(host.block_id)),
+        fabric_gbps=host.fabric.per_host_gbytes_per_s,
+        oversubscription=host.fabric.oversubscription,
+        backbone_gbps=host.site.backbone_gbytes_per_s,
+        degraded_pct=degraded,
+        ib_fallback=(faults / "ib_fallback").exists(),
+    )
+
+
+def sync() -> fe.InstallState | None:
+    """Shape this install's local links as the database and fault files say now (idempotent).
+
+    Called when a local host is onboarded, retired or fails, when a fault changes, and by the health
+    sweep (fault files written by hand). With emulation off, removes whatever an earlier run shaped.
+    """
+    if not links_emulated():
+        if fe.read_state(_state_dir()) is not None:
+            fe.remove(_state_dir())
+        return None
+    hosts = list(
+        Host.objects.filter(driver=DriverKind.LOCAL)
+        .exclude(state__in=_SHAPED_STATES_EXCLUDED)
+        .select_related("site", "fabric", "provider")
+        .order_by("pk")
+    )
+    hosts = [h for h in hosts if _sandbox(h).is_dir()]
+    try:
+        state = fe.apply(_state_dir(), [_link_end(h) for h in hosts], settings.VOLT_LOCAL_FABRIC_SCALE)
+    except fe.EmulationUnavailable:
+        logger.warning("shaping local links failed", exc_info=True)
+        return None
+    for host in hosts:
+        _keep_flapping(host)
+    return state
+
+
+def remove_all() -> None:
+    """Remove whatever this install shaped (the demo on its way out; tests)."""
+    for host in Host.objects.filter(driver=DriverKind.LOCAL).select_related("provider"):
+        fe.stop_flapping(_sandbox(host) / "faults" / "link_flapping")
+    fe.remove(_state_dir())
+
+
+def sync_after_commit() -> None:
+    transaction.on_commit(sync)
+
+
+def _keep_flapping(host: Host) -> None:
+    fault_file = _sandbox(host) / "faults" / "link_flapping"
+    if not fault_file.exists():
+        fe.stop_flapping(fault_file)
+        return
+    pid_file = fault_file.with_name(".link_flapping.pid")
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+        return  # already flapping
+    except (OSError, ValueError):
+        pass
+    fe.start_flapping(
+        _state_dir(),
+        host.address,
+        fault_file,
+        settings.VOLT_LINK_FLAP_PERIOD_S,
+        settings.VOLT_LINK_FLAP_MAX_S,
+    )
+
+
+def inject_fault(host: Host, fault: str, value: str = "", actor=None) -> None:
+    """Inject a fault into a local host (API, console, tests); link faults reshape its links at once.
+
+    ValueError (unknown fault, not a local host) or DriverError (a value that is not a percentage)."""
+    if host.driver != DriverKind.LOCAL:
+        raise ValueError("faults can be injected into local hosts only")
+    set_fault(_sandbox(host), fault, value)
+    _record(host, f"fault injected: {fault}{f' ({value})' if value else ''}", actor)
+    if fault in LINK_FAULTS:
+        sync_after_commit()
+
+
+def clear_host_fault(host: Host, fault: str, actor=None) -> None:
+    """Clear a fault of a local host; link faults give its links their rate back at once."""
+    if host.driver != DriverKind.LOCAL:
+        raise ValueError("faults can be cleared on local hosts only")
+    sandbox = _sandbox(host)
+    if fault == "link_flapping":
+        fe.stop_flapping(sandbox / "faults" / "link_flapping")
+    clear_fault(sandbox, fault)
+    _record(host, f"fault cleared: {fault}", actor)
+    if fault in LINK_FAULTS:
+        sync_after_commit()
+
+
+def active_faults(host: Host) -> dict[str, str]:
+    """The faults a local host carries now: name -> the file's content."""
+    faults = _sandbox(host) / "faults"
+    if host.driver != DriverKind.LOCAL or not faults.is_dir():
+        return {}
+    return {
+        path.name: path.read_text().strip()
+        for path in sorted(faults.iterdir())
+        if not path.name.startswith(".")
+    }
+
+
+def _record(host: Host, message: str, actor) -> None:
+    HostEvent.objects.create(
+        host=host,
+        kind=HostEventKind.HEALTH,
+        message=message,
+        actor=actor if actor is not None and actor.is_authenticated else None,
+    )

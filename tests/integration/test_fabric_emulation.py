@@ -1,0 +1,262 @@
+"""Local hosts behave like their fabric (issue 11): shaped links on `lo`, link faults, honest predictions.
+
+These run as root (CI, a lab box): the fixture fails, never skips, when links cannot be emulated.
+Hosts take addresses in a 127.0.N.x subnet of this test run's own, so another test run on the machine
+(on 127.0.0.2, 127.0.0.3, ...) is neither shaped nor disturbed. Every test removes what it shaped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from decimal import Decimal
+
+import pytest
+
+from clusters.models import BandwidthSample, Cluster
+from clusters.provision import ray_cluster_id
+from clusters.provisioning import ray_nodes
+from inventory import fabric_emulation as fe
+from inventory import services as inventory
+from inventory.choices import DriverKind, FabricKind
+from inventory.models import Host
+from tests.integration.linkrate import measure_bytes_per_s
+from tests.integration.test_provisioning import console_page, events_of, request, terminate
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+SUBNET = f"127.0.{200 + os.getpid() % 50}"
+SCALE = 0.00025
+BLOCK_GBPS = 400.0 * SCALE  # NDR, one block
+SITE_GBPS = 12.5 * SCALE  # the site backbone between two fabrics
+
+
+@pytest.fixture
+def emulated(settings, client_for, committed):
+    settings.VOLT_LOCAL_FABRIC_EMULATION = "auto"
+    settings.VOLT_LOCAL_FABRIC_SCALE = SCALE
+    settings.VOLT_AUTO_PROVISION = True
+    settings.VOLT_NODE_JOIN_TIMEOUT_S = 90  # other test runs share this machine's two cores
+    settings.VOLT_PROBE_BUDGET_S = 10.0
+    settings.VOLT_PROBE_ITERS = 5
+    settings.VOLT_LINK_FLAP_PERIOD_S = 0.5
+    reason = inventory.unavailable_reason()
+    assert reason is None, f"these tests need to shape links: {reason}"
+    yield
+    _clean_up(settings, committed)
+
+
+def _clean_up(settings, committed) -> None:
+    from clusters import services
+
+    for cluster in Cluster.objects.filter(status__in=[*services.LIVE, "terminating"]):
+        if cluster.status == "terminating":
+            services.finish_termination(cluster)
+        else:
+            services.terminate_cluster(cluster, wait=True)
+    for host in Host.objects.filter(driver=DriverKind.LOCAL):
+        fe.stop_flapping(inventory.sandbox_path(host) / "faults" / "link_flapping")
+    fe.remove(settings.VOLT_DATA_DIR)
+    for cluster in Cluster.objects.all():
+        for host in Host.objects.filter(driver=DriverKind.LOCAL):
+            with inventory.driver_for(host) as driver:
+                assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == [], (cluster, host)
+
+
+@pytest.fixture
+def fabrics(northwind, iad1):
+    """Two NDR fabrics of one site: blocks a1, a2 in the first, b1 in the second."""
+    first = inventory.create_fabric(
+        northwind, iad1, "iad1-ndr-a", FabricKind.IB_NDR, 400.0, 1.0, ["a1", "a2"]
+    )
+    second = inventory.create_fabric(northwind, iad1, "iad1-ndr-b", FabricKind.IB_NDR, 400.0, 1.0, ["b1"])
+    return {block.name: block for fabric in (first, second) for block in fabric.blocks.all()}
+
+
+@pytest.fixture
+def add_host(northwind, fabrics):
+    """`add_host(name, block, n)`: a local H100 x 2 host on SUBNET.n, onboarded, its links shaped."""
+
+    def add(name: str, block: str, number: int, price: str = "2.00") -> Host:
+        request_ = inventory.HostRequest(
+            name=name,
+            block=fabrics[block],
+            driver=DriverKind.LOCAL,
+            address=f"{SUBNET}.{number}",
+            price_per_gpu_hour=Decimal(price),
+            local_spec=inventory.default_local_spec("H100", 2, FabricKind.IB_NDR),
+        )
+        host = inventory.onboard_host(inventory.add_host(northwind, request_, queue=False).pk)
+        inventory.sync_local_fabric()  # what onboarding's on-commit hook does
+        return host
+
+    return add
+
+
+def probe(cluster: dict) -> tuple[float, float]:
+    return cluster["measured_busbw_gbps"], cluster["predicted_busbw_gbps"]
+
+
+def test_shaping_follows_the_hosts_and_never_touches_127_0_0_1(
+    emulated, add_host, committed, priya, client_for
+):
+    with committed():
+        first = add_host("h0", "a1", 2)
+        assert fe.read_state(inventory.sandbox_path(first).parents[1]) is None  # one host: no link yet
+        second = add_host("h1", "a1", 3)
+    state = fe.read_state(inventory.sandbox_path(first).parents[1])
+    assert {(p.src, p.dst) for p in state.pairs} == {
+        (first.address, second.address),
+        (second.address, first.address),
+    }
+    filters = subprocess.run(["tc", "filter", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    assert "7f000001" not in filters  # 127.0.0.1 is in no filter of anyone's
+
+    shaped, source = measure_bytes_per_s(first.address, second.address, fe.shim_path())
+    assert source == first.address  # the shim: a local host's connection leaves from its own address
+    assert shaped == pytest.approx(BLOCK_GBPS * 1e9, rel=0.3)
+    plain, source = measure_bytes_per_s(None, second.address, fe.shim_path())
+    assert source == "127.0.0.1" and plain > 3 * BLOCK_GBPS * 1e9  # Volt's own processes: unshaped
+
+    client = client_for(priya)
+    with committed():
+        response = client.post(f"/api/v1/hosts/{first.pk}/faults/", {"fault": "link_degraded", "value": "25"})
+    assert response.status_code == 200 and response.json()["faults"] == {"link_degraded": "25"}
+    degraded, _ = measure_bytes_per_s(second.address, first.address, fe.shim_path())
+    assert degraded == pytest.approx(BLOCK_GBPS * 1e9 / 4, rel=0.3)  # both directions of its links
+    with committed():
+        response = client.delete(f"/api/v1/hosts/{first.pk}/faults/?fault=link_degraded")
+    assert response.status_code == 200 and response.json()["faults"] == {}
+    restored, _ = measure_bytes_per_s(second.address, first.address, fe.shim_path())
+    assert restored == pytest.approx(BLOCK_GBPS * 1e9, rel=0.3)
+
+    with committed():
+        inventory.act_on_host(first, "retire")
+    assert fe.read_state(inventory.sandbox_path(first).parents[1]) is None  # the last link went with it
+    assert (
+        f"1:{state.parent_minor:x} "
+        not in subprocess.run(["tc", "class", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    )
+
+
+def test_another_install_s_links_survive_removing_ours(emulated, tmp_path):
+    ours = [fe.LinkEnd(f"{SUBNET}.{n}", ("r", "1", "1", "1"), 400.0) for n in (10, 11)]
+    theirs = [fe.LinkEnd(f"{SUBNET}.{n}", ("r", "1", "1", "1"), 400.0) for n in (20, 21)]
+    mine = fe.apply(tmp_path / "ours", ours, SCALE)
+    other = fe.apply(tmp_path / "theirs", theirs, SCALE)
+    try:
+        assert mine.slot != other.slot and mine.prio != other.prio
+        fe.remove(tmp_path / "ours")
+        classes = subprocess.run(["tc", "class", "show", "dev", "lo"], capture_output=True, text=True).stdout
+        filters = subprocess.run(["tc", "filter", "show", "dev", "lo"], capture_output=True, text=True).stdout
+        assert all(f"1:{p.minor:x} " in classes for p in other.pairs)
+        assert not any(f"1:{p.minor:x} " in classes for p in mine.pairs)
+        assert f"pref {other.prio} " in filters and f"pref {mine.prio} " not in filters
+    finally:
+        fe.remove(tmp_path / "theirs")
+
+
+def test_link_flapping_goes_down_and_up_and_stops_when_cleared(emulated, add_host, committed):
+    first, second = add_host("h0", "a1", 2), add_host("h1", "a1", 3)
+    state_dir = inventory.sandbox_path(first).parents[1]
+    with committed():
+        inventory.inject_fault(first, "link_flapping")
+    pid = int((inventory.sandbox_path(first) / "faults" / ".link_flapping.pid").read_text())
+    state = fe.read_state(state_dir)
+    minor = f"1:{state.pairs[0].minor:x}"
+    seen = set()
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        classes = subprocess.run(["tc", "class", "show", "dev", "lo"], capture_output=True, text=True).stdout
+        line = next(
+            line for line in classes.splitlines() if f"classid {minor} " in line or f" {minor} " in line
+        )
+        seen.add("down" if " rate 1Kbit " in line else "up")
+        time.sleep(0.1)
+    assert seen == {"down", "up"}
+
+    with committed():
+        inventory.clear_host_fault(first, "link_flapping")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    rate, _ = measure_bytes_per_s(first.address, second.address, fe.shim_path(), seconds=1.5)
+    assert rate == pytest.approx(BLOCK_GBPS * 1e9, rel=0.3)  # up for good
+
+
+def test_two_nodes_in_one_block_measure_the_scaled_prediction(
+    emulated, alice, add_host, client_for, committed
+):
+    add_host("h0", "a1", 2), add_host("h1", "a1", 3)
+    client = client_for(alice)
+
+    cluster = request(client, committed, nodes=2)
+
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    measured, predicted = probe(cluster)
+    assert predicted == pytest.approx(BLOCK_GBPS)
+    assert measured == pytest.approx(predicted, rel=0.3) and not cluster["bandwidth_flagged"]
+    assert cluster["probe_result"]["links_emulated"] is True
+    assert cluster["probe_result"]["sizes_bytes"] == [r["bytes"] for r in cluster["probe_result"]["results"]]
+    sample = BandwidthSample.objects.get(cluster_id=cluster["id"])
+    assert sample.emulated and sample.source_local and sample.level == "block"
+    terminate(client, committed, cluster["id"])
+
+
+def test_two_nodes_across_two_fabrics_of_a_site_measure_the_site_figure(
+    emulated, alice, add_host, client_for, committed
+):
+    add_host("h0", "a1", 2), add_host("h1", "b1", 3)
+    client = client_for(alice)
+
+    cluster = request(client, committed, nodes=2)
+
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    measured, predicted = probe(cluster)
+    assert predicted == pytest.approx(SITE_GBPS) and cluster["plan"]["spanned_level"] == "site"
+    assert measured == pytest.approx(predicted, rel=0.3) and not cluster["bandwidth_flagged"]
+    assert measured < BLOCK_GBPS / 10
+    sizes = cluster["probe_result"]["sizes_bytes"]
+    assert sizes[-1] <= 1 << 20  # sized to the site's bandwidth and the budget, not 256 MB
+    terminate(client, committed, cluster["id"])
+
+
+def test_a_host_fallen_back_to_ethernet_is_named_and_replaced_before_ready(
+    emulated, alice, priya, add_host, client_for, committed
+):
+    hosts = [add_host(f"h{i}", "a1", 2 + i, price=f"2.{i}0") for i in range(4)]
+    with committed():
+        response = client_for(priya).post(f"/api/v1/hosts/{hosts[1].pk}/faults/", {"fault": "ib_fallback"})
+    assert response.status_code == 200, response.json()
+    client = client_for(alice)
+
+    cluster = request(client, committed, nodes=3)
+
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    assert sorted(n["host"] for n in cluster["nodes"]) == ["h0", "h2", "h3"]
+    assert cluster["slow_hosts_replaced"] == 1 and not cluster["bandwidth_flagged"]
+    messages = [e["message"] for e in events_of(client, cluster["id"])]
+    assert any("h1 is the slowest host: best link" in m for m in messages), messages
+    measured, predicted = probe(cluster)
+    assert measured == pytest.approx(predicted, rel=0.3)
+    terminate(client, committed, cluster["id"])
+
+
+def test_without_the_privilege_everything_works_and_the_page_says_links_are_not_emulated(
+    emulated, settings, alice, add_host, client_for, committed
+):
+    settings.VOLT_LOCAL_FABRIC_EMULATION = "off"  # as a user without CAP_NET_ADMIN gets it
+    add_host("h0", "a1", 2), add_host("h1", "a1", 3)
+    client = client_for(alice)
+
+    cluster = request(client, committed, nodes=2)
+
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    assert cluster["predicted_busbw_gbps"] == pytest.approx(400.0)  # declared: nothing is scaled
+    assert cluster["probe_result"]["links_emulated"] is False and not cluster["bandwidth_flagged"]
+    page = console_page(alice, f"/clusters/{cluster['id']}/")
+    assert "local hosts, links not emulated" in page and "below expectation" not in page
+    sample = BandwidthSample.objects.get(cluster_id=cluster["id"])
+    assert sample.source_local and not sample.emulated  # kept, never steers placement
+    assert fe.read_state(settings.VOLT_DATA_DIR) is None
+    terminate(client, committed, cluster["id"])
