@@ -30,7 +30,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import placement, transitions
+from clusters import metrics, placement, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
 from clusters.probes import allreduce
@@ -428,6 +428,7 @@ def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
         message += f"; below {settings.VOLT_PROBE_MIN_FRACTION:.0%} of the prediction: flagged"
     if measured is not None:
         _record_sample(cluster, measured, result["nodes"])
+        metrics.record_busbw(cluster, measured)  # the first point of the cluster's bandwidth chart
     return transitions.transition(
         cluster,
         S.READY,
