@@ -1,6 +1,6 @@
 """Bandwidth, actively: the all-reduce probe on a READY cluster, on demand and while it is idle.
 
-API/console ─▶ request_probe(): 202, probe_cluster_task queued on commit (queue: monitoring)
+API/console ─▶ request_probe(): 202, probe_cluster_task queued on commit (queue: provisioning)
 beat ─▶ probe_idle_clusters(): READY clusters whose interval (cluster.probe_interval_min, else
         VOLT_PROBE_INTERVAL_MIN; 0 = off) has passed and on whose head no Ray job runs
 worker ─▶ run_probe(id): one at a time per cluster (a lock), the light probe (VOLT_LIVE_PROBE_MAX_MB)
