@@ -39,7 +39,7 @@ from inventory import services as inventory
 from inventory.choices import DriverKind, HostState
 from inventory.drivers.base import DriverError, fan_out
 from inventory.models import Host
-from voltweb import crypto
+from voltweb import crypto, realtime
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -139,10 +139,14 @@ def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
 
 def note(cluster: Cluster, message: str) -> None:
     """A timeline line that is not a status change."""
-    ClusterEvent.objects.create(
+    event = ClusterEvent.objects.create(
         cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message
     )
     Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())  # heartbeat for the reaper
+    realtime.broadcast(  # provisioning progress on the cluster page as it happens
+        f"cluster-{cluster.pk}",
+        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
+    )
 
 
 # --- bringing the nodes up ---------------------------------------------------------------------------
