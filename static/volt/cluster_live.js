@@ -118,6 +118,9 @@
 
   function snapshot(s) {
     state.predicted = s.predicted_busbw_gbps;
+    const badge = $("cluster-status");
+    // The page was rendered before the socket connected: a change in between is caught up here.
+    if (badge && !badge.classList.contains("state-" + s.status)) refreshStatic();
     setStatus(s.status);
     setAlert(s.bandwidth_alert);
     drawBandwidth(s.bandwidth || []);
