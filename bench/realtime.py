@@ -152,8 +152,6 @@ async def run_level(port: int, cluster_id: int, token: str, subscribers: int, se
                     if event.get("kind") == "bench":
                         latencies.append((time.time() - event["sent"]) * 1000)
                         received += 1
-                        if event.get("last"):
-                            return
 
         ready, counter = asyncio.Event(), [0]
         started = time.monotonic()

@@ -80,7 +80,12 @@ def probe_idle_clusters(now=None) -> int:
 def job_running(cluster: Cluster) -> bool:
     """Whether a job (other than Volt's own probe) holds the cluster; an unanswering head counts as busy."""
     try:
-        jobs = ray_head.head_request(cluster.dashboard_url, "/api/jobs/", settings.VOLT_WATCH_HOST_TIMEOUT_S)
+        jobs = ray_head.head_request(
+            cluster.dashboard_url,
+            "/api/jobs/",
+            settings.VOLT_WATCH_HOST_TIMEOUT_S,
+            ray_head.token_for(cluster),
+        )
     except ray_head.HeadUnreachable:
         return True
     return any(

@@ -11,6 +11,14 @@ import urllib.request
 from typing import Any
 
 
+def token_for(cluster) -> str:
+    """The token Volt sends to `cluster`'s head ("" while heads run without Ray's token auth).
+
+    The one place the per-cluster Ray token is looked up; every caller passes its result to head_request.
+    """
+    return ""
+
+
 class HeadUnreachable(Exception):
     """The head's dashboard did not answer, or answered with an error."""
 

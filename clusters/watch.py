@@ -104,7 +104,9 @@ def _sweep(cluster: Cluster) -> Cluster:
 def _head_view(cluster: Cluster) -> tuple[str | None, dict[str, str]]:
     """(error or None, {node ip: state}) from the head's node list."""
     try:
-        listed = ray_head.head_nodes(cluster.dashboard_url, settings.VOLT_WATCH_HOST_TIMEOUT_S)
+        listed = ray_head.head_nodes(
+            cluster.dashboard_url, settings.VOLT_WATCH_HOST_TIMEOUT_S, ray_head.token_for(cluster)
+        )
     except ray_head.HeadUnreachable as exc:
         return str(exc), {}
     states: dict[str, str] = {}

@@ -176,3 +176,42 @@ def test_idle_probes_follow_the_per_cluster_interval(ready, alice, client_for, s
     assert response.status_code == 200 and response.json()["probe_interval_min"] == 0
     assert bandwidth_watch.probe_idle_clusters(now=later) == 0  # off: not queued again
     assert queued == [ready.pk]
+
+
+@pytest.fixture
+def fake_head():
+    """An HTTP server standing in for a Ray head's job API (the outer seam); `jobs` is what it lists."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    jobs: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = json.dumps(jobs).encode()
+            self.send_response(200 if self.path == "/api/jobs/" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", jobs
+    server.shutdown()
+
+
+def test_a_running_user_job_holds_the_cluster_but_the_probe_does_not(ready, fake_head):
+    url, jobs = fake_head
+    Cluster.objects.filter(pk=ready.pk).update(dashboard_url=url)
+    ready.refresh_from_db()
+    jobs += [{"status": "SUCCEEDED", "entrypoint": "python train.py"},
+             {"status": "RUNNING", "entrypoint": "python allreduce.py --max-mb 64"}]  # fmt: skip
+    assert not bandwidth_watch.job_running(ready)
+    jobs.append({"status": "RUNNING", "entrypoint": "python train.py"})
+    assert bandwidth_watch.job_running(ready)
+    Cluster.objects.filter(pk=ready.pk).update(dashboard_url="http://127.0.0.1:1")
+    ready.refresh_from_db()
+    assert bandwidth_watch.job_running(ready)  # a head that does not answer: not idle, no probe
