@@ -57,3 +57,33 @@ class TopologyLevel(models.TextChoices):
 class ModelPolicy(models.TextChoices):
     ANY_OF = "any_of", "Any of (cheapest that fits)"
     ORDERED = "ordered", "Ordered (first that fits)"
+
+
+# Statuses the cluster watch sweeps (clusters/watch.py): the cluster holds running Ray nodes.
+WATCHED = {S.READY, S.DEGRADED}
+
+
+class Verdict(models.TextChoices):
+    """A node's health after one watch sweep; the rule that fired is stored next to it."""
+
+    OK = "ok", "OK"
+    WARNING = "warning", "Warning"
+    FAILED = "failed", "Failed"
+
+
+class MetricSeries(models.TextChoices):
+    """What a metric sample measures (units in the name)."""
+
+    BUSBW = "busbw", "All-reduce busbw (GB/s)"
+    GPU_TEMP = "gpu_temp_c", "Hottest GPU temperature (C)"
+    GPU_UTIL = "gpu_util_pct", "Mean GPU utilisation (%)"
+    GPU_MEMORY = "gpu_memory_used_mib", "GPU memory used (MiB)"
+    GPU_POWER = "gpu_power_w", "GPU power draw (W)"
+
+
+class MetricSource(models.TextChoices):
+    """Where a sample came from: the all-reduce probe, the cluster watch, or a training job."""
+
+    PROBE = "probe", "Probe"
+    WATCH = "watch", "Watch"
+    JOB = "job", "Job"

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from clusters.choices import ClusterStatus, FailureReason
+from clusters.choices import ClusterStatus, FailureReason, MetricSeries, MetricSource, Verdict
 from inventory.models import GPU, Host
 from voltweb.models import Team
 
@@ -68,6 +68,14 @@ class Cluster(models.Model):
     slow_hosts_replaced = models.PositiveIntegerField(
         default=0, help_text="Hosts replaced before READY for being the probe's slowest."
     )
+    # Telemetry (clusters/watch.py, clusters/bandwidth_watch.py).
+    probe_interval_min = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Minutes between idle probes; empty: VOLT_PROBE_INTERVAL_MIN; 0: off.",
+    )
+    last_probe_at = models.DateTimeField(null=True, blank=True)
+    bandwidth_alert = models.TextField(blank=True, help_text="Latest probe below the flag fraction, and why.")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -176,3 +184,62 @@ class BandwidthSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.level}:{self.domain_id} {self.busbw_gbps:.1f} GB/s"
+
+
+# --- telemetry (clusters/watch.py, clusters/metrics.py) ----------------------------------------------
+
+
+class NodeHealth(models.Model):
+    """A node's verdict from the latest watch sweep, with the rule that fired and the readings behind it."""
+
+    node = models.OneToOneField(ClusterNode, on_delete=models.CASCADE, related_name="health")
+    verdict = models.CharField(max_length=10, choices=Verdict.choices, default=Verdict.OK)
+    rule = models.CharField(max_length=300, blank=True, help_text="Why the verdict is not ok.")
+    readings = models.JSONField(default=dict, help_text="Per-GPU temperature/utilisation/memory/power/ECC.")
+    checked_at = models.DateTimeField(default=timezone.now)
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"node {self.node_id}: {self.verdict}"
+
+
+class MetricSample(models.Model):
+    """One raw measurement of a cluster (or of one of its hosts); kept VOLT_METRICS_RAW_RETENTION_H."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="samples")
+    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    series = models.CharField(max_length=30, choices=MetricSeries.choices)
+    source = models.CharField(max_length=10, choices=MetricSource.choices, default=MetricSource.WATCH)
+    value = models.FloatField()
+    ts = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["ts", "id"]
+        indexes = [
+            models.Index(fields=["cluster", "series", "ts"], name="sample_series_ts_idx"),
+            models.Index(fields=["ts"], name="sample_ts_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.series}={self.value:g} @ {self.ts:%H:%M:%S}"
+
+
+class MetricMinute(models.Model):
+    """Per-minute aggregate of raw samples (same cluster, host, series, source); kept 30 days."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="minutes")
+    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    series = models.CharField(max_length=30, choices=MetricSeries.choices)
+    source = models.CharField(max_length=10, choices=MetricSource.choices, default=MetricSource.WATCH)
+    minute = models.DateTimeField()
+    count = models.PositiveIntegerField()
+    mean = models.FloatField()
+    minimum = models.FloatField()
+    maximum = models.FloatField()
+
+    class Meta:
+        ordering = ["minute", "id"]
+        indexes = [models.Index(fields=["cluster", "series", "minute"], name="minute_series_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.series} {self.minute:%H:%M} mean {self.mean:g}"

@@ -27,7 +27,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import allocations, placement, tenancy, transitions
+from clusters import allocations, metrics, placement, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
 from clusters.probes import allreduce
@@ -42,7 +42,7 @@ from inventory import services as inventory
 from inventory.choices import DriverKind, HostState
 from inventory.drivers.base import DriverError, fan_out
 from inventory.models import Host
-from voltweb import namespace
+from voltweb import namespace, realtime
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -139,10 +139,14 @@ def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
 
 def note(cluster: Cluster, message: str) -> None:
     """A timeline line that is not a status change."""
-    ClusterEvent.objects.create(
+    event = ClusterEvent.objects.create(
         cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message
     )
     Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())  # heartbeat for the reaper
+    realtime.broadcast(  # provisioning progress on the cluster page as it happens
+        f"cluster-{cluster.pk}",
+        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
+    )
 
 
 # --- bringing the nodes up ---------------------------------------------------------------------------
@@ -468,6 +472,7 @@ def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
         message += f"; below {settings.VOLT_PROBE_MIN_FRACTION:.0%} of the prediction: flagged"
     if measured is not None:
         _record_sample(cluster, measured, result)
+        metrics.record_busbw(cluster, measured)  # the first point of the cluster's bandwidth chart
     return transitions.transition(
         cluster,
         S.READY,

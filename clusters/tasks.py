@@ -45,3 +45,53 @@ def terminate_cluster_task(cluster_id: int) -> str:
 def reap_stuck_provisioning() -> int:
     """Re-queue clusters whose provisioning or termination stopped making progress."""
     return services.reap_stuck_provisioning()
+
+
+# --- telemetry (clusters/watch.py, clusters/metrics.py, clusters/bandwidth_watch.py) -----------------
+
+
+@volt_task("monitoring", soft_time_limit=20, time_limit=30)
+def watch_clusters_task() -> int:
+    """Fan out: one sweep task per live cluster, each expiring after one watch interval."""
+    from django.conf import settings
+
+    from clusters import watch
+
+    ids = watch.watched_cluster_ids()
+    for cluster_id in ids:
+        sweep_cluster_task.apply_async((cluster_id,), expires=settings.VOLT_WATCH_INTERVAL_S)
+    return len(ids)
+
+
+@volt_task("monitoring", soft_time_limit=60, time_limit=90)
+def sweep_cluster_task(cluster_id: int) -> str:
+    """Check one cluster's head and hosts and give each node a verdict (skipped while one still runs)."""
+    from clusters import watch
+
+    return watch.sweep_cluster(cluster_id)
+
+
+@volt_task("monitoring", soft_time_limit=240, time_limit=300)
+def compact_metrics_task() -> dict:
+    """Fold raw samples into per-minute aggregates and apply both retentions."""
+    from clusters import metrics
+
+    return metrics.compact()
+
+
+# On the provisioning queue (long tasks): a probe must not hold up the watch on the monitoring queue.
+@volt_task("provisioning", soft_time_limit=900, time_limit=960)
+def probe_cluster_task(cluster_id: int) -> float | None:
+    """Run the light all-reduce probe on a READY cluster; store the sample, raise or clear the alert."""
+    from clusters import bandwidth_watch
+
+    result = bandwidth_watch.run_probe(cluster_id)
+    return (result or {}).get("max_busbw_gbps")
+
+
+@volt_task("monitoring", soft_time_limit=50, time_limit=60)
+def probe_idle_clusters_task() -> int:
+    """Queue a probe for every READY cluster that is due one and runs no job."""
+    from clusters import bandwidth_watch
+
+    return bandwidth_watch.probe_idle_clusters()

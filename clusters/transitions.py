@@ -35,7 +35,11 @@ CLUSTER_TRANSITIONS: dict[str, dict[str, str]] = {
         S.TERMINATING: "terminate requested",
         S.FAILED: "verification failed",
     },
-    S.READY: {S.DEGRADED: "a node failed", S.TERMINATING: "terminate requested"},
+    S.READY: {
+        # The cluster watch (clusters/watch.py): a node failed its health rules or the head stopped answering.
+        S.DEGRADED: "a node failed",
+        S.TERMINATING: "terminate requested",
+    },
     S.DEGRADED: {
         S.RECOVERING: "replacement placed",
         S.TERMINATING: "terminate requested",

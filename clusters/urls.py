@@ -1,6 +1,6 @@
 from django.urls import path
 
-from clusters import views
+from clusters import live_views, views
 
 app_name = "clusters"
 urlpatterns = [
@@ -9,4 +9,6 @@ urlpatterns = [
     path("preview/", views.cluster_preview, name="preview"),
     path("<int:pk>/", views.cluster_detail, name="detail"),
     path("<int:pk>/terminate/", views.cluster_terminate, name="terminate"),
+    path("<int:pk>/probe/", live_views.cluster_probe, name="probe"),
+    path("overview/", live_views.overview, name="overview"),
 ]

@@ -1,5 +1,10 @@
 """Every periodic task Volt runs, in one table. Celery beat reads it through voltweb.celery."""
 
+from voltweb.env import env_float
+
+# Read from the environment like settings.VOLT_WATCH_INTERVAL_S (this table loads before Django's settings).
+WATCH_INTERVAL_S = env_float("VOLT_WATCH_INTERVAL_S", 5.0, minimum=1.0, maximum=3600.0)
+
 SCHEDULE = {
     "reap-stuck-onboarding": {
         "task": "inventory.tasks.reap_stuck_onboarding",
@@ -23,6 +28,21 @@ SCHEDULE = {
     },
     "reap-stuck-provisioning": {
         "task": "clusters.tasks.reap_stuck_provisioning",
+        "schedule": 60.0,
+        "options": {"queue": "monitoring"},
+    },
+    "watch-clusters": {
+        "task": "clusters.tasks.watch_clusters_task",
+        "schedule": WATCH_INTERVAL_S,
+        "options": {"queue": "monitoring", "expires": WATCH_INTERVAL_S},
+    },
+    "compact-metrics": {
+        "task": "clusters.tasks.compact_metrics_task",
+        "schedule": 300.0,
+        "options": {"queue": "monitoring"},
+    },
+    "probe-idle-clusters": {
+        "task": "clusters.tasks.probe_idle_clusters_task",
         "schedule": 60.0,
         "options": {"queue": "monitoring"},
     },

@@ -2,9 +2,10 @@
 
 from django.urls import re_path
 
+from clusters.routing import websocket_urlpatterns as clusters_ws
 from inventory.routing import websocket_urlpatterns as inventory_ws
 from voltweb.consumers import NotFoundConsumer
 
-app_websocket_urlpatterns = [*inventory_ws]
+app_websocket_urlpatterns = [*inventory_ws, *clusters_ws]
 
 websocket_urlpatterns = [*app_websocket_urlpatterns, re_path(r"", NotFoundConsumer.as_asgi())]

@@ -289,6 +289,15 @@ VOLT_LINK_FLAP_PERIOD_S = env_float("VOLT_LINK_FLAP_PERIOD_S", 3.0, minimum=0.5,
 VOLT_LINK_FLAP_MAX_S = env_float("VOLT_LINK_FLAP_MAX_S", 3600.0, minimum=1.0, maximum=86400.0)
 # Python that runs `ray start` on ssh hosts (local hosts use this project's interpreter).
 VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
+# Telemetry (clusters/watch.py, clusters/metrics.py, clusters/bandwidth_watch.py).
+VOLT_WATCH_INTERVAL_S = env_float("VOLT_WATCH_INTERVAL_S", 5.0, minimum=1.0, maximum=3600.0)
+VOLT_WATCH_HOST_TIMEOUT_S = env_float("VOLT_WATCH_HOST_TIMEOUT_S", 4.0, minimum=0.5, maximum=600.0)
+VOLT_GPU_WARN_TEMP_C = env_int("VOLT_GPU_WARN_TEMP_C", 85, minimum=30)
+VOLT_PROBE_INTERVAL_MIN = env_int("VOLT_PROBE_INTERVAL_MIN", 10, minimum=0)  # idle probes; 0: off
+# Message sizes of the live probe (on demand / idle) stop here: light enough to run beside a user.
+VOLT_LIVE_PROBE_MAX_MB = env_int("VOLT_LIVE_PROBE_MAX_MB", 64, minimum=1)
+VOLT_METRICS_RAW_RETENTION_H = env_int("VOLT_METRICS_RAW_RETENTION_H", 24, minimum=1)
+VOLT_METRICS_MINUTE_RETENTION_D = env_int("VOLT_METRICS_MINUTE_RETENTION_D", 30, minimum=1)
 
 # The `local` driver (sandbox hosts on this machine, with declared hardware) is for the demo and tests:
 # off unless enabled, and then only platform admins add local hosts, unless the second switch (the demo)

@@ -1,0 +1,192 @@
+"""Bandwidth, actively: the all-reduce probe on a READY cluster, on demand and while it is idle.
+
+API/console ─▶ request_probe(): 202, probe_cluster_task queued on commit (queue: provisioning)
+beat ─▶ probe_idle_clusters(): READY clusters whose interval (cluster.probe_interval_min, else
+        VOLT_PROBE_INTERVAL_MIN; 0 = off) has passed and on whose head no Ray job runs
+worker ─▶ run_probe(id): one at a time per cluster (a lock), the light probe (VOLT_LIVE_PROBE_MAX_MB)
+          as a Ray job → a `busbw` sample (source probe) → below VOLT_PROBE_MIN_FRACTION of the
+          prediction: `bandwidth_alert` on the cluster, naming the slow host when the per-host
+          phase finds one; at or above: the alert clears
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.cache import cache
+from django.utils import timezone
+
+from clusters import metrics, ray_head
+from clusters.choices import WATCHED, ClusterStatus, MetricSource
+from clusters.models import Cluster, ClusterEvent
+from clusters.probes import allreduce
+from clusters.provision import active_nodes
+from clusters.provisioning import ray_nodes
+from inventory.choices import DriverKind
+from voltweb import realtime
+from voltweb.taskutils import enqueue_on_commit
+
+logger = logging.getLogger(__name__)
+BUSY_JOB_STATES = {"PENDING", "RUNNING"}
+
+
+class NotProbeable(Exception):
+    """The cluster is not in a state where a probe can run (only READY and DEGRADED clusters)."""
+
+
+def request_probe(cluster: Cluster, user=None) -> Cluster:
+    """Queue a probe of `cluster` (answers at once; the result arrives as a bandwidth event)."""
+    from clusters.tasks import probe_cluster_task
+
+    if cluster.status not in WATCHED:
+        raise NotProbeable(f"Cluster {cluster.name} is {cluster.status}; only a ready cluster can be probed.")
+    who = f" by {user.get_username()}" if user is not None else ""
+    _timeline(cluster, f"bandwidth probe requested{who}")
+    enqueue_on_commit(probe_cluster_task, cluster.pk)
+    return cluster
+
+
+def set_probe_interval(cluster: Cluster, minutes: int | None) -> Cluster:
+    """The cluster's own idle-probe interval (None: the default, 0: off)."""
+    Cluster.objects.filter(pk=cluster.pk).update(probe_interval_min=minutes, updated_at=timezone.now())
+    cluster.refresh_from_db()
+    return cluster
+
+
+def interval_min(cluster: Cluster) -> int:
+    return (
+        settings.VOLT_PROBE_INTERVAL_MIN if cluster.probe_interval_min is None else cluster.probe_interval_min
+    )
+
+
+def probe_idle_clusters(now=None) -> int:
+    """Queue a probe for each READY cluster due one whose head runs no job. Returns how many."""
+    from clusters.tasks import probe_cluster_task
+
+    now = now or timezone.now()
+    queued = 0
+    for cluster in Cluster.objects.filter(status=ClusterStatus.READY):
+        every = interval_min(cluster)
+        last = cluster.last_probe_at or cluster.ready_at
+        if every <= 0 or (last and now - last < timedelta(minutes=every)) or job_running(cluster):
+            continue
+        probe_cluster_task.delay(cluster.pk)
+        queued += 1
+    return queued
+
+
+def job_running(cluster: Cluster) -> bool:
+    """Whether a job (other than Volt's own probe) holds the cluster; an unanswering head counts as busy."""
+    try:
+        jobs = ray_head.head_request(
+            cluster.dashboard_url,
+            "/api/jobs/",
+            settings.VOLT_WATCH_HOST_TIMEOUT_S,
+            ray_head.token_for(cluster),
+        )
+    except ray_head.HeadUnreachable:
+        return True
+    return any(
+        job.get("status") in BUSY_JOB_STATES and "allreduce.py" not in (job.get("entrypoint") or "")
+        for job in jobs or []
+    )
+
+
+def run_probe(cluster_id: int) -> dict | None:
+    """Probe one cluster (skipped while another probe of it runs); store, alert, broadcast. The result."""
+    key = f"volt:probe:{cluster_id}"
+    if not cache.add(key, 1, timeout=int(settings.VOLT_PROBE_TIMEOUT_S) + 60):
+        return None
+    try:
+        cluster = Cluster.objects.get(pk=cluster_id)
+        if cluster.status not in WATCHED:
+            return None
+        return _probe(cluster)
+    finally:
+        cache.delete(key)
+
+
+def _probe(cluster: Cluster) -> dict | None:
+    nodes = active_nodes(cluster)
+    realtime.broadcast(f"cluster-{cluster.pk}", {"kind": "probe", "state": "running"})
+    if len(nodes) < 2:
+        _finish(cluster, None, "probe skipped: a single node has no inter-node all-reduce to measure")
+        return None
+    local = nodes[0].host.driver == DriverKind.LOCAL
+    entrypoint, runtime_env = allreduce.probe_job(
+        min(settings.VOLT_PROBE_MAX_MB, settings.VOLT_LIVE_PROBE_MAX_MB),
+        settings.VOLT_PROBE_ITERS,
+        warmup=1,
+        python=_python(nodes[0].host),
+        expected_nodes=len(nodes),
+        env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
+    )
+    try:
+        status, logs = ray_nodes.submit_job(
+            cluster.dashboard_url, entrypoint, runtime_env, settings.VOLT_PROBE_TIMEOUT_S
+        )
+        result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
+    except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:
+        status, logs, result = "ERROR", str(exc), None
+    if result is None:
+        tail = " ".join(logs.strip().splitlines()[-2:])[:300]
+        _finish(cluster, None, f"bandwidth probe {status.lower()}: {tail}")
+        return None
+    measured = result.get("max_busbw_gbps") or 0.0
+    metrics.record_busbw(cluster, measured, MetricSource.PROBE)
+    alert = alert_for(cluster, result, {n.host.address: n.host.name for n in nodes})
+    summary = f"probe: max busbw {measured:.2f} GB/s over {result['nodes']} ranks ({result['backend']})"
+    _finish(cluster, result, summary + (f"; {alert}" if alert else ""), alert=alert, measured=measured)
+    return result
+
+
+def alert_for(cluster: Cluster, result: dict, names_by_ip: dict[str, str]) -> str:
+    """The alert text when busbw is below the flag fraction of the prediction, else ''."""
+    measured = result.get("max_busbw_gbps")
+    predicted = cluster.predicted_busbw_gbps
+    fraction = settings.VOLT_PROBE_MIN_FRACTION
+    if measured is None or not predicted or measured >= fraction * predicted:
+        return ""
+    text = (
+        f"all-reduce busbw {measured:.2f} GB/s is {measured / predicted:.0%} of the predicted "
+        f"{predicted:.1f} GB/s (alert below {fraction:.0%})"
+    )
+    slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
+    if slow is not None:
+        name = names_by_ip.get(slow["node_ip"], slow["node_ip"])
+        text += (
+            f"; slowest host: {name} ({slow['what']} {slow['gbps']:.2f} GB/s, "
+            f"{slow['ratio']:.0%} of the others' {slow['others_gbps']:.2f} GB/s)"
+        )
+    return text
+
+
+def _finish(cluster: Cluster, result, message: str, alert: str = "", measured: float | None = None) -> None:
+    now = timezone.now()
+    fields = {"last_probe_at": now, "bandwidth_alert": alert, "updated_at": now}
+    if measured is not None:
+        fields["measured_busbw_gbps"] = measured
+    Cluster.objects.filter(pk=cluster.pk).update(**fields)
+    _timeline(cluster, message)
+    realtime.broadcast(
+        f"cluster-{cluster.pk}",
+        {"kind": "probe", "state": "done" if result else "failed", "message": message, "alert": alert},
+    )
+
+
+def _timeline(cluster: Cluster, message: str) -> None:
+    event = ClusterEvent.objects.create(
+        cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message
+    )
+    realtime.broadcast(
+        f"cluster-{cluster.pk}",
+        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
+    )
+
+
+def _python(host) -> str:
+    import sys
+
+    return sys.executable if host.driver == DriverKind.LOCAL else settings.VOLT_HOST_PYTHON

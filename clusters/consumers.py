@@ -1,0 +1,85 @@
+"""The cluster page's websocket: authenticate, authorize by team (as the API does), snapshot, forward."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from clusters import live, services
+from voltweb import services as accounts
+
+# Membership is checked again at most this often while a socket lives (a member removed from the team
+# stops receiving events within this time).
+RECHECK_S = 30.0
+REFUSED = 4404  # same answer for "no such cluster", "not yours" and "not signed in": nothing leaks
+
+
+class ClusterConsumer(AsyncJsonWebsocketConsumer):
+    """One cluster's live events, for members of its team (session cookie or API bearer token)."""
+
+    async def connect(self):
+        self.cluster_id = self.scope["url_route"]["kwargs"]["cluster_id"]
+        self.user = await self._user()
+        snapshot = await self._snapshot() if self.user is not None else None
+        if snapshot is None:
+            await self.close(code=REFUSED)
+            return
+        self.group = f"cluster-{self.cluster_id}"
+        self.checked_at = time.monotonic()
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_json(snapshot)
+
+    async def disconnect(self, code):
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def volt_event(self, message):
+        if time.monotonic() - self.checked_at > RECHECK_S:
+            if not await self._still_allowed():
+                await self.close(code=REFUSED)
+                return
+            self.checked_at = time.monotonic()
+        await self.send_json(message["event"])
+
+    async def receive_json(self, content, **kwargs):
+        """`{"kind": "snapshot"}` asks for a fresh snapshot (a client that fell behind catches up)."""
+        if isinstance(content, dict) and content.get("kind") == "snapshot":
+            snapshot = await self._snapshot()
+            if snapshot is None:
+                await self.close(code=REFUSED)
+            else:
+                await self.send_json(snapshot)
+
+    @database_sync_to_async
+    def _user(self):
+        """The session user, else the owner of a valid bearer token (header or `?token=`), else None."""
+        user = self.scope.get("user")
+        if user is not None and user.is_authenticated:
+            return user
+        secret = _bearer(self.scope)
+        token = accounts.authenticate_token(secret) if secret else None
+        return token.user if token is not None else None
+
+    @database_sync_to_async
+    def _snapshot(self):
+        cluster = services.visible_clusters(self.user).filter(pk=self.cluster_id).first()
+        return live.snapshot(cluster) if cluster is not None else None
+
+    @database_sync_to_async
+    def _still_allowed(self) -> bool:
+        user = type(self.user).objects.filter(pk=self.user.pk, is_active=True).first()
+        return user is not None and services.visible_clusters(user).filter(pk=self.cluster_id).exists()
+
+
+def _bearer(scope) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            parts = value.decode("latin-1").split()
+            if len(parts) == 2 and parts[0].lower() == "bearer":
+                return parts[1]
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return (query.get("token") or [""])[0]

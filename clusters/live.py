@@ -1,0 +1,54 @@
+"""What the cluster page draws: one snapshot (on websocket connect and on first render) of status,
+node health, bandwidth and GPU series and the timeline. Events after it extend it (clusters/watch.py).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from clusters import metrics
+from clusters.choices import MetricSeries
+from clusters.models import Cluster, NodeHealth
+from clusters.provision import active_nodes
+
+BANDWIDTH_WINDOW = timedelta(days=1)
+GPU_WINDOW = timedelta(minutes=15)
+TIMELINE_LINES = 100
+
+
+def snapshot(cluster: Cluster) -> dict:
+    """Everything the live parts of the cluster page show, as JSON-ready values."""
+    from clusters.watch import node_health_payload
+
+    now = timezone.now()
+    nodes = active_nodes(cluster)
+    rows = {h.node_id: h for h in NodeHealth.objects.filter(node__in=nodes)}
+    events = list(cluster.events.order_by("-at", "-id")[:TIMELINE_LINES])[::-1]
+    return {
+        "kind": "snapshot",
+        "cluster": cluster.pk,
+        "status": cluster.status,
+        "failure_message": cluster.failure_message,
+        "predicted_busbw_gbps": cluster.predicted_busbw_gbps,
+        "measured_busbw_gbps": cluster.measured_busbw_gbps,
+        "bandwidth_alert": cluster.bandwidth_alert,
+        "nodes": [node_health_payload(node, rows.get(node.pk)) for node in nodes],
+        "bandwidth": _points(cluster, MetricSeries.BUSBW, now - BANDWIDTH_WINDOW),
+        "gpu": {
+            name: _points(cluster, name, now - GPU_WINDOW)
+            for name in (MetricSeries.GPU_TEMP, MetricSeries.GPU_UTIL)
+        },
+        "timeline": [
+            {"at": e.at.isoformat(), "status": e.to_status, "from": e.from_status, "message": e.message}
+            for e in events
+        ],
+    }
+
+
+def _points(cluster: Cluster, name: str, since) -> list[dict]:
+    return [
+        {"ts": p.ts.isoformat(), "value": p.value, "host": p.host, "source": p.source}
+        for p in metrics.series(cluster, name, since)
+    ]

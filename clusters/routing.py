@@ -1,0 +1,5 @@
+from django.urls import path
+
+from clusters import consumers
+
+websocket_urlpatterns = [path("ws/clusters/<int:cluster_id>/", consumers.ClusterConsumer.as_asgi())]

@@ -1,0 +1,167 @@
+// The cluster page, live: one websocket (snapshot on connect, then events), no page reloads.
+// Reconnects with exponential backoff; every (re)connect starts from a fresh snapshot, so nothing a slow
+// or disconnected client missed is lost. Charts are Plotly, extended point by point.
+(function () {
+  "use strict";
+  const root = document.getElementById("cluster-live");
+  if (!root) return;
+  const $ = (id) => document.getElementById(id);
+  const state = { predicted: null, nodes: [], retry: 0, socket: null };
+  const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+  const fmt = (v, d) => (v == null ? "—" : Number(v).toFixed(d));
+  const layout = (title, ytitle) => ({
+    title: {text: title, font: {size: 13}}, margin: {l: 50, r: 10, t: 30, b: 30},
+    yaxis: {title: ytitle, rangemode: "tozero"}, legend: {orientation: "h"}, showlegend: true,
+  });
+
+  function drawBandwidth(points) {
+    const x = points.map((p) => p.ts), y = points.map((p) => p.value);
+    const traces = [{x, y, name: "measured busbw", mode: "lines+markers", type: "scatter"}];
+    if (state.predicted) {
+      const span = x.length ? [x[0], x[x.length - 1]] : [new Date().toISOString(), new Date().toISOString()];
+      traces.push({x: span, y: [state.predicted, state.predicted], name: "predicted", mode: "lines", line: {dash: "dash"}});
+    }
+    Plotly.react("busbw-chart", traces, layout("All-reduce busbw (GB/s)", "GB/s"), {displayModeBar: false});
+    $("busbw-chart").dataset.points = String(points.length);
+  }
+
+  function addBandwidth(ts, value) {
+    const chart = $("busbw-chart");
+    Plotly.extendTraces(chart, {x: [[ts]], y: [[value]]}, [0]);
+    if (state.predicted && chart.data.length > 1) {
+      const xs = chart.data[0].x;
+      Plotly.restyle(chart, {x: [[xs[0], ts]]}, [1]);
+    }
+    chart.dataset.points = String(Number(chart.dataset.points || 0) + 1);
+  }
+
+  function drawGpu(gpu) {
+    const traces = [];
+    const byHost = {};
+    (gpu.gpu_temp_c || []).forEach((p) => { (byHost[p.host] = byHost[p.host] || {x: [], y: []}); byHost[p.host].x.push(p.ts); byHost[p.host].y.push(p.value); });
+    Object.keys(byHost).sort().forEach((host) => traces.push({x: byHost[host].x, y: byHost[host].y, name: host + " °C", mode: "lines"}));
+    const util = {};
+    (gpu.gpu_util_pct || []).forEach((p) => { (util[p.host] = util[p.host] || {x: [], y: []}); util[p.host].x.push(p.ts); util[p.host].y.push(p.value); });
+    Object.keys(util).sort().forEach((host) => traces.push({x: util[host].x, y: util[host].y, name: host + " util %", mode: "lines", line: {dash: "dot"}}));
+    Plotly.react("gpu-chart", traces, layout("GPU temperature (°C) and utilisation (%) per host", ""), {displayModeBar: false});
+  }
+
+  function addGpu(ts, nodes) {
+    const chart = $("gpu-chart");
+    const names = (chart.data || []).map((t) => t.name);
+    const x = [], y = [], idx = [];
+    nodes.forEach((n) => {
+      [["gpu_temp_c", " °C"], ["gpu_util_pct", " util %"]].forEach(([key, suffix]) => {
+        const i = names.indexOf(n.host + suffix);
+        const v = n.readings ? n.readings[key] : null;
+        if (i >= 0 && v != null) { x.push([ts]); y.push([v]); idx.push(i); }
+      });
+    });
+    if (idx.length) Plotly.extendTraces(chart, {x, y}, idx, 900);
+    else if (nodes.some((n) => n.readings && n.readings.gpu_temp_c != null)) {
+      // First readings ever: start the traces.
+      const gpu = {gpu_temp_c: [], gpu_util_pct: []};
+      nodes.forEach((n) => { if (n.readings) { ["gpu_temp_c", "gpu_util_pct"].forEach((k) => { if (n.readings[k] != null) gpu[k].push({ts, host: n.host, value: n.readings[k]}); }); } });
+      drawGpu(gpu);
+    }
+  }
+
+  function drawHealth(nodes) {
+    state.nodes = nodes;
+    const body = $("health-table").querySelector("tbody");
+    if (!nodes.length) return;
+    body.innerHTML = nodes.map((n) => {
+      const r = n.readings || {};
+      const verdict = n.verdict || "not checked";
+      const cls = {ok: "ready", warning: "pending", failed: "failed"}[n.verdict] || "terminated";
+      return `<tr data-host="${esc(n.host)}"><td>${esc(n.host)}</td><td>${n.is_head ? "head" : "rank " + n.rank}</td>` +
+        `<td><span class="state state-${cls} verdict">${esc(verdict)}</span></td><td class="rule">${esc(n.rule) || "—"}</td>` +
+        `<td class="num">${fmt(r.gpu_temp_c, 0)}</td><td class="num">${fmt(r.gpu_util_pct, 0)}</td><td class="num">${fmt(r.gpu_power_w, 0)}</td>` +
+        `<td class="small muted">${n.checked_at ? new Date(n.checked_at).toLocaleTimeString() : "—"}</td></tr>`;
+    }).join("");
+  }
+
+  function setStatus(status) {
+    const badge = $("cluster-status");
+    if (!status) return;
+    $("probe-form").hidden = !(status === "ready" || status === "degraded");
+    if (!badge) return;
+    badge.className = "state state-" + status;
+    badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
+  }
+
+  // A status change alters the server-rendered parts (connection details, probe table, errors): fetch the
+  // page and swap them in, keeping this live section (and its charts) as it is. No reload.
+  function refreshStatic() {
+    fetch(location.href, {headers: {"X-Requested-With": "fetch"}}).then((r) => r.text()).then((html) => {
+      const fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main.page");
+      const main = document.querySelector("main.page");
+      if (!fresh || !main) return;
+      const parts = Array.from(fresh.children).filter((el) => el.tagName !== "SCRIPT")
+        .map((el) => (el.id === "cluster-live" ? root : document.adoptNode(el)));
+      main.replaceChildren(...parts);
+    });
+  }
+
+  function addTimeline(at, from, to, message) {
+    const list = $("cluster-timeline");
+    if (!list) return;
+    const li = document.createElement("li");
+    li.innerHTML = `<time>${esc(new Date(at).toISOString().replace("T", " ").slice(0, 19))}</time> <strong>${esc(from || "")} → ${esc(to)}</strong> ${esc(message)}`;
+    list.appendChild(li);
+  }
+
+  function setAlert(text) {
+    $("bandwidth-alert").hidden = !text;
+    $("bandwidth-alert-text").textContent = text || "";
+  }
+
+  function snapshot(s) {
+    state.predicted = s.predicted_busbw_gbps;
+    const badge = $("cluster-status");
+    // The page was rendered before the socket connected: a change in between is caught up here.
+    if (badge && !badge.classList.contains("state-" + s.status)) refreshStatic();
+    setStatus(s.status);
+    setAlert(s.bandwidth_alert);
+    drawBandwidth(s.bandwidth || []);
+    drawGpu(s.gpu || {});
+    drawHealth(s.nodes || []);
+    const list = $("cluster-timeline");
+    if (list) { list.innerHTML = ""; (s.timeline || []).forEach((e) => addTimeline(e.at, e.from || "new", e.status, e.message)); }
+  }
+
+  const handlers = {
+    snapshot,
+    status: (e) => { setStatus(e.status); refreshStatic(); },
+    timeline: (e) => addTimeline(e.at, e.status, e.status, e.message),
+    health: (e) => { drawHealth(e.nodes); addGpu(e.ts, e.nodes); },
+    bandwidth: (e) => { if (e.predicted_busbw_gbps) state.predicted = e.predicted_busbw_gbps; addBandwidth(e.ts, e.busbw_gbps); },
+    probe: (e) => { $("probe-state").textContent = e.state === "running" ? "probe running…" : (e.message || ""); if ("alert" in e) setAlert(e.alert); },
+  };
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const socket = new WebSocket(scheme + location.host + root.dataset.ws);
+    state.socket = socket;
+    socket.onopen = () => { state.retry = 0; $("live-connection").textContent = "live"; };
+    socket.onmessage = (m) => { const e = JSON.parse(m.data); (handlers[e.kind] || (() => {}))(e); };
+    socket.onclose = (e) => {
+      if (e.code === 4404) { $("live-connection").textContent = "not allowed"; return; }
+      const delay = Math.min(30000, 500 * 2 ** state.retry++) * (0.5 + Math.random() / 2);
+      $("live-connection").textContent = "reconnecting…";
+      setTimeout(connect, delay);
+    };
+  }
+
+  const form = $("probe-form");
+  if (form) {
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      $("probe-state").textContent = "probe requested…";
+      fetch(root.dataset.probeUrl, {method: "POST", body: new FormData(form), headers: {"X-Requested-With": "fetch"}})
+        .then((r) => { if (!r.ok) $("probe-state").textContent = "probe refused (" + r.status + ")"; });
+    });
+  }
+  window.voltClusterLive = state;
+  connect();
+})();

@@ -1,0 +1,127 @@
+"""A READY cluster's page in Chromium, live: a sweep fills the health table and a fault turns a node failed,
+a probe from the console adds a point to the bandwidth chart and raises the alert — all without a reload.
+(The issue's `link_degraded` fault belongs to the fabric-emulation work; here the alert comes from the
+demo fabric's prediction, which loopback cannot reach.)
+
+The cluster is real (Ray on two demo local hosts, provisioned by the stack's worker). Sweeps are sent to
+the worker as beat would send them. Runs after test_console_clusters.py and terminates its cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.browser
+READY_TIMEOUT_S = 600  # provisioning on a loaded shared 2-core box (the probe included)
+
+
+def _alice_token() -> str:
+    from django.contrib.auth import get_user_model
+
+    from tests.clusters.live_helpers import start_cluster_ids_at
+    from voltweb import services as accounts
+
+    start_cluster_ids_at(random.randrange(100_000, 900_000))
+    return accounts.create_api_token(get_user_model().objects.get(username="alice"), "browser").secret
+
+
+def _request_cluster(stack, token: str) -> int:
+    """Through the stack's API, so placement and provisioning go to the stack's worker."""
+    body = json.dumps({"name": "live-browser", "nodes": 2, "gpus_per_node": 1, "gpu_models": ["H100"],
+                       "team": "demo-lab"}).encode()  # fmt: skip
+    request = urllib.request.Request(
+        f"{stack.url}/api/v1/clusters/", body, method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["id"]
+
+
+def _status(cluster_id: int) -> tuple[str, str]:
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.get(pk=cluster_id)
+    return cluster.status, cluster.failure_message
+
+
+def _worker_node_sandbox(cluster_id: int):
+    from clusters.models import ClusterNode
+    from inventory import services as inventory
+
+    node = ClusterNode.objects.select_related("host__provider").get(
+        cluster_id=cluster_id, is_head=False, released_at__isnull=True
+    )
+    return inventory.sandbox_path(node.host).name, node.host.name  # the folder name; the stack's data dir
+
+
+def _terminate(cluster_id: int) -> None:
+    from clusters import services
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.get(pk=cluster_id)
+    if cluster.status in services.LIVE:
+        services.terminate_cluster(cluster, wait=True)
+    elif cluster.status == "terminating":
+        services.finish_termination(cluster)
+
+
+def _sweep(stack, cluster_id: int) -> None:
+    from celery import Celery
+
+    app = Celery("volt-browser-beat", broker=stack.redis_url)
+    try:
+        app.send_task("clusters.tasks.sweep_cluster_task", args=[cluster_id], queue="monitoring")
+    finally:
+        app.close()
+
+
+def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, screenshot, live_stack, orm):
+    from inventory.drivers.local import clear_fault, set_fault
+
+    cluster_id = _request_cluster(live_stack, orm(_alice_token))
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while (status := orm(_status, cluster_id))[0] not in ("ready", "failed"):
+            assert time.monotonic() < deadline, f"cluster still {status[0]} after {READY_TIMEOUT_S} s"
+            time.sleep(2)
+        assert status[0] == "ready", status[1]
+
+        page = login("alice")
+        page.goto(f"/clusters/{cluster_id}/")
+        expect(page.locator("#live-connection")).to_have_text("live", timeout=15_000)
+        page.evaluate("window.__notReloaded = true")
+        expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "1")  # verification's probe
+
+        _sweep(live_stack, cluster_id)
+        expect(page.locator("#health-table .verdict")).to_have_text(["ok", "ok"], timeout=30_000)
+
+        page.get_by_role("button", name="Probe bandwidth now").click()
+        expect(page.locator("#probe-state")).to_contain_text("probe", timeout=10_000)
+        expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "2", timeout=240_000)
+        # Loopback gloo is far below the demo fabric's predicted InfiniBand busbw: the alert shows.
+        expect(page.locator("#bandwidth-alert")).to_be_visible(timeout=10_000)
+        expect(page.locator("#bandwidth-alert")).to_contain_text("of the predicted")
+        screenshot(page, "cluster-live-probed")
+
+        folder, host_name = orm(_worker_node_sandbox, cluster_id)
+        sandbox = live_stack.data_dir / "hosts" / folder
+        set_fault(sandbox, "ecc_uncorrectable", "0")
+        try:
+            _sweep(live_stack, cluster_id)
+            row = page.locator(f'#health-table tr[data-host="{host_name}"]')
+            expect(row.locator(".verdict")).to_have_text("failed", timeout=30_000)
+            expect(row.locator(".rule")).to_contain_text("uncorrectable ECC")
+            expect(page.locator("#cluster-status")).to_have_text("Degraded", timeout=15_000)
+            expect(page.locator("#cluster-timeline")).to_contain_text(f"{host_name} failed")
+        finally:
+            clear_fault(sandbox, "ecc_uncorrectable")
+        assert page.evaluate("window.__notReloaded === true")
+        screenshot(page, "cluster-live-degraded")
+    finally:
+        orm(_terminate, cluster_id)

@@ -1,0 +1,78 @@
+"""The cluster page's websocket: who may connect, the snapshot, and events of a real Celery sweep.
+
+The cluster is READY on local hosts as far as Volt knows, but no Ray runs (its head is a closed port): a
+real sweep through a worker finds the head not answering and the nodes' Ray processes gone.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+
+from clusters import services, transitions
+from clusters.models import Cluster
+from tests.clusters.live_helpers import Listener, worker_and_beat
+from voltweb import services as accounts
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def ready(alice, team_a, northwind, northwind_ib, add_local_host):
+    for i in range(2):
+        add_local_host(northwind, northwind_ib, f"c{i}", gpus=2, price=f"2.{i}0")
+    cluster = services.request_cluster(
+        team_a, alice, {"name": "live", "nodes": 2, "gpus_per_node": 2, "gpu_models": ["H100"]}
+    )
+    services.place_cluster(cluster.pk)
+    Cluster.objects.filter(pk=cluster.pk).update(dashboard_url="http://127.0.0.1:1")
+    cluster = transitions.transition(Cluster.objects.get(pk=cluster.pk), "verifying", "nodes joined")
+    return transitions.transition(cluster, "ready", "probe passed")
+
+
+def bearer(user) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {accounts.create_api_token(user, 'ws').secret}".encode())]
+
+
+def test_anonymous_other_team_and_other_teams_token_are_refused(ready, bob):
+    attempts = [
+        Listener(AnonymousUser(), ready.pk),
+        Listener(bob, ready.pk),
+        Listener(None, ready.pk, headers=bearer(bob)),
+        Listener(None, ready.pk, query=f"token={accounts.create_api_token(bob, 'q').secret}"),
+        Listener(None, ready.pk, headers=[(b"authorization", b"Bearer volt_not-a-token")]),
+    ]
+    for listener in attempts:
+        assert (listener.connected, listener.close_code) == (False, 4404)
+
+
+def test_a_member_connects_with_session_or_token_and_gets_the_snapshot(ready, alice):
+    # One at a time: each listener runs its own event loop, and one channel layer serves one loop at once.
+    for connect in (
+        lambda: Listener(alice, ready.pk),
+        lambda: Listener(None, ready.pk, headers=bearer(alice)),
+        lambda: Listener(None, ready.pk, query=f"token={accounts.create_api_token(alice, 'q').secret}"),
+    ):
+        listener = connect()
+        snapshot = listener.wait_for(lambda m: m["kind"] == "snapshot")
+        listener.close()
+        assert snapshot["status"] == "ready" and len(snapshot["nodes"]) == 2
+        assert snapshot["timeline"][-1]["status"] == "ready"
+
+
+def test_a_member_gets_the_snapshot_then_the_events_of_a_real_celery_sweep(ready, alice, tmp_path):
+    listener = Listener(alice, ready.pk)
+    assert listener.wait_for(lambda m: m["kind"] == "snapshot")["nodes"][0]["verdict"] is None  # not swept
+
+    with worker_and_beat(tmp_path, interval_s=2.0):
+        health = listener.wait_for(lambda m: m["kind"] == "health", 30)
+        status = listener.wait_for(lambda m: m["kind"] == "status", 30)
+        timeline = listener.wait_for(lambda m: m["kind"] == "timeline", 30)
+    listener.close()
+
+    head = next(n for n in health["nodes"] if n["is_head"])
+    assert head["verdict"] == "failed" and "Ray head not answering" in head["rule"]
+    assert status["status"] == "degraded" and "failed" in status["reason"]
+    assert "failed" in timeline["message"]
+    assert Cluster.objects.get(pk=ready.pk).status == "degraded"
+    assert listener.messages[0]["kind"] == "snapshot"  # the snapshot came before any event
