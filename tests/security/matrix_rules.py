@@ -29,6 +29,7 @@ TARGETS = {
     "public": Target(frozenset(ROLES)),  # sign-in page, health check, API schema and docs
     "nobody": Target(frozenset()),  # the API's catch-all 404
     "cluster": Target(frozenset({"alice", "root"})),  # team A's cluster
+    "cluster_secret": Target(frozenset({"alice"})),  # its SSH key: team members only, not platform admins
     "team": Target(frozenset({"alice", "root"})),  # team A
     "token": Target(frozenset()),  # priya's API token: its owner's alone (not even a platform admin's)
     "private_host": Target(
@@ -88,6 +89,9 @@ ROUTES: dict[str, Rule] = {
     ),
     "clusters:detail": R("cluster"),
     "clusters:terminate": R("cluster", methods=("POST",)),
+    "clusters:probe": R("cluster", methods=("POST",)),
+    "clusters:overview": R("page"),
+    "inventory:host-faults": R("private_host", methods=("POST",), body={"fault": "hot"}),
     "healthz": R("public"),
     "admin": R("platform_admin"),  # every page of the admin site but these two:
     "admin:login": R("public"),
@@ -139,6 +143,7 @@ ROUTES: dict[str, Rule] = {
     "api:host-uncordon": R("private_host"),
     "api:host-retire": R("private_host"),
     "api:host-rediscover": R("private_host"),
+    "api:host-faults": R("private_host", body={"fault": "hot"}),
     "api:gpu-list": R("page", hidden_in_list="private_gpu"),
     "api:gpu-detail": R("private_gpu"),
     "api:offer-list": R("page"),
@@ -153,9 +158,12 @@ ROUTES: dict[str, Rule] = {
     ),
     "api:cluster-detail": R("cluster"),
     "api:cluster-events": R("cluster"),
-    "api:cluster-ssh-key": R("cluster"),
+    "api:cluster-ssh-key": R("cluster_secret"),
+    "api:cluster-telemetry-metrics": R("cluster"),
+    "api:cluster-telemetry-probe": R("cluster"),
+    "api:cluster-telemetry-probe-settings": R("cluster", body={"probe_interval_min": 10}),
     "api:cluster-terminate": R("cluster"),
 }
 
 # Websocket routes (voltweb.routing): the route's path -> target.
-WS_ROUTES = {"ws/hosts/<int:host_id>/": "private_host", "": "nobody"}
+WS_ROUTES = {"ws/hosts/<int:host_id>/": "private_host", "ws/clusters/<int:cluster_id>/": "cluster", "": "nobody"}

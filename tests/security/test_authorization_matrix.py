@@ -116,7 +116,8 @@ def world(alice, bob, priya, omar, helios, root, make_user, team_a, northwind_ib
         spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]},
     )
     objects = {
-        "cluster": {"pk": cluster.pk},
+        "cluster": {"pk": cluster.pk, "cluster_id": cluster.pk},
+        "cluster_secret": {"pk": cluster.pk},
         "team": {"pk": team_a.pk},
         "token": {"pk": accounts.create_api_token(priya, "priya's").token.pk},
         "private_host": {"pk": private.pk, "host_id": private.pk},
