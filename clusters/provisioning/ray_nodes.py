@@ -320,14 +320,22 @@ def _send_token(driver: HostDriver, cluster_id: str, token: str) -> None:
     HOME may differ from: the workdir is made private in both, and the start script looks in both.
     """
     workdir = workdir_for(cluster_id)
-    script = f'for h in {_HOMES}; do [ -n "$h" ] && mkdir -p "$h/{workdir}" && chmod 700 "$h/{workdir}"; done'
-    result = driver.run(script, timeout=20)
-    if not result.ok:
-        raise NodeStartFailed(f"could not create the node's workdir on {driver.address}: {_output(result)}")
     with tempfile.NamedTemporaryFile("w", prefix="volt-ray-token-") as handle:  # created 0600
         handle.write(token)
         handle.flush()
-        driver.copy_file(handle.name, f"{workdir}/{AUTH_TOKEN_FILE}")
+        for homes in ('"$HOME"', _HOMES):  # the passwd home only when the copy did not land under $HOME
+            script = f'for h in {homes}; do [ -n "$h" ] && mkdir -p "$h/{workdir}" && chmod 700 "$h/{workdir}"; done'
+            result = driver.run(script, timeout=20)
+            if not result.ok:
+                raise NodeStartFailed(
+                    f"could not create the node's workdir on {driver.address}: {_output(result)}"
+                )
+            try:
+                driver.copy_file(handle.name, f"{workdir}/{AUTH_TOKEN_FILE}")
+                return
+            except DriverError:
+                if homes == _HOMES:
+                    raise
 
 
 _HOMES = '"$HOME" "$(getent passwd "$(id -u)" | cut -d: -f6)"'
