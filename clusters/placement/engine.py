@@ -18,7 +18,7 @@ breaks ties left by the ones above it:
    replicas, one node): lowest price.
 6. Fit, for every request kind (select.FIELDS, in order): the best GPU locality inside the hosts
    (PCIe switch, NUMA node), the fewest blocks, then fabrics, sites, regions spanned; the tightest
-   blocks, fabrics, sites (least free capacity); the tightest hosts (fewest GPUs left); the most
+   hosts (fewest GPUs left); the tightest blocks, fabrics, sites (least free capacity); the most
    reliable hosts; then host primary keys. Never names.
 
 The search tries levels finest first and works on per-block aggregates of an `Inventory` index; it
@@ -406,8 +406,8 @@ def _fit_notes(request: PlacementRequest, option: _Option) -> list[str]:
     notes.append(
         f"fit: spans {spans}; leaves {fit['free_gpus_in_blocks'] - len(option.entries) * request.gpus_per_node} "
         f"free GPUs in the blocks used and {fit['gpus_left_on_hosts']} on the hosts used. Among equal bandwidth and price, "
-        "ties break on node locality, the fewest domains spanned, the least free capacity left in them "
-        "and on the hosts, reliability, then host primary key — never on names"
+        "ties break on node locality, the fewest domains spanned, the fewest GPUs left on the hosts, the "
+        "least free capacity left in the domains, reliability, then host primary key — never on names"
     )
     return notes
 

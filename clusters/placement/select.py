@@ -5,9 +5,10 @@ the `nodes` hosts that minimise, in this order:
 
 1. price: the cheapest hosts; only hosts at the marginal price are a choice,
 2. then the vector `Fit` (see `FIELDS`): the nodes' locality inside their hosts, the fewest blocks,
-   fabrics, sites and regions spanned, the least free capacity in the blocks, fabrics and sites
-   touched (the tightest domains), the fewest GPUs left on the hosts used (the tightest hosts), the
-   most reliable hosts, and last the hosts' primary keys (never names).
+   fabrics, sites and regions spanned, the fewest GPUs left on the hosts used (the tightest hosts:
+   whole hosts stay whole for 8-GPU nodes), the least free capacity in the blocks, fabrics and sites
+   touched (the tightest domains), the most reliable hosts, and last the hosts' primary keys (never
+   names).
 
 Every component but the last is a sum over hosts, or over the distinct domains touched, so a
 min-plus convolution over the topology tree (block -> fabric -> site -> region -> global) finds the
@@ -30,22 +31,22 @@ FIELDS = (
     "fabrics",
     "sites",
     "regions",
+    "gpus_left_on_hosts",
     "free_gpus_in_blocks",
     "free_gpus_in_fabrics",
     "free_gpus_in_sites",
-    "gpus_left_on_hosts",
     "unreliability_ppm",
 )
 Fit = tuple[int, ...]
 _ZERO: Fit = (0,) * len(FIELDS)
 _COUNT_FIELD = (1, 2, 3, 4)  # block, fabric, site, region: the span counts
-_FREE_FIELD = (5, 6, 7, None)  # free capacity of touched blocks, fabrics, sites (regions: not ranked)
+_FREE_FIELD = (6, 7, 8, None)  # free capacity of touched blocks, fabrics, sites (regions: not ranked)
 _PRICE_EPS = 1e-9
 
 
 def host_fit(entry: Entry) -> Fit:
     """The per-host part of the fit vector."""
-    return (entry.locality, 0, 0, 0, 0, 0, 0, 0, entry.left, round(entry.unreliability * 1e6))
+    return (entry.locality, 0, 0, 0, 0, entry.left, 0, 0, 0, round(entry.unreliability * 1e6))
 
 
 def _add(a: Fit, b: Fit) -> Fit:
@@ -71,7 +72,7 @@ def choose(shape: _Shape, usable: Sequence[tuple[_Group, int]], nodes: int) -> t
             locality += entry.locality
             left += entry.left
             unreliability += round(entry.unreliability * 1e6)
-        return entries, (locality, 1, 1, 1, 1, *free, left, unreliability)
+        return entries, (locality, 1, 1, 1, 1, left, *free, unreliability)
     marginal = _marginal_price(usable, nodes)
     mandatory: list[Entry] = []
     tied: dict[tuple, list[Entry]] = {}  # block key -> entries at the marginal price

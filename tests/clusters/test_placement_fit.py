@@ -133,6 +133,13 @@ def test_one_node_takes_the_tightest_host_not_only_the_tightest_nvlink_domain():
     assert (result.host_ids, result.nodes[0].gpu_indices) == (("z",), (0, 1))
 
 
+def test_a_partly_used_host_is_filled_before_a_whole_host_is_opened_even_in_a_tighter_block():
+    whole = host("a", "tight")  # the only host of its block: the tighter block
+    partial = host("z", "roomy", free=((7,),))
+    result = plan(ask(1, 1), [whole, partial, host("y", "roomy")])
+    assert result.host_ids == ("z",)  # 8 free GPUs in "a" stay whole for an 8-GPU node
+
+
 def test_independent_and_inference_requests_take_the_tightest_block_too():
     inventory = [host(f"a{i}", "roomy") for i in range(5)] + [host(f"z{i}", "tight") for i in range(2)]
     for parallelism in ("independent", "inference_replicas"):

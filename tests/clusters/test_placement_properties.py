@@ -3,8 +3,8 @@
 The brute force enumerates every set of hosts that keeps the hard constraints and ranks it by the
 rules of `clusters.placement.engine`'s docstring, computed here from their definitions: the
 preference tier, then predicted busbw and price (collective work) or price (every other kind), then
-the fit: node locality inside hosts, blocks / fabrics / sites / regions spanned, free GPUs left in
-the blocks / fabrics / sites touched, GPUs left on the hosts, reliability. The engine's plan must
+the fit: node locality inside hosts, blocks / fabrics / sites / regions spanned, GPUs left on the
+hosts, free GPUs left in the blocks / fabrics / sites touched, reliability. The engine's plan must
 reach the same optimum, for every request kind, on NVLink and PCIe-only hosts alike.
 """
 
@@ -193,7 +193,7 @@ def _tier(request: PlacementRequest, chosen) -> tuple[int, int] | None:
 
 
 def fit(request: PlacementRequest, chosen, hosts) -> tuple:
-    """Locality, domains spanned, free GPUs in the domains touched, GPUs left on hosts, reliability."""
+    """Locality, domains spanned, GPUs left on hosts, free GPUs in the domains touched, reliability."""
     gpus, model = request.gpus_per_node, chosen[0].gpu_model
     shape = [h for h in hosts if h.gpu_model == model and locality(h, gpus) is not None]
     spans, free_in = [], []
@@ -204,8 +204,8 @@ def fit(request: PlacementRequest, chosen, hosts) -> tuple:
     return (
         sum(locality(h, gpus) for h in chosen),
         *spans,
-        *free_in[:3],
         sum(free_count(h) - gpus for h in chosen),
+        *free_in[:3],
         sum(round(-h.reliability * 1e6) for h in chosen),
     )
 
