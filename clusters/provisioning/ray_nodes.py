@@ -84,8 +84,21 @@ MAX_SLOT = 99
 _WORKER_PORT_OFFSET = 15
 
 NODE_MARKER_VAR = "VOLT_RAY_NODE"
-# What a node keeps of the session that starts it (everything else is dropped by `env -i`).
-NODE_ENV_PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
+# What a node keeps of the session that starts it (everything else is dropped by `env -i`). On local
+# hosts LD_PRELOAD + VOLT_HOST_ADDRESS are the emulated fabric's source-address shim
+# (inventory/drivers/bindsrc.c): without them a local host's connections leave from 127.0.0.1 and its
+# links go unshaped. Neither carries a secret.
+NODE_ENV_PASSTHROUGH = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "LD_PRELOAD",
+    "VOLT_HOST_ADDRESS",
+)
 AUTH_TOKEN_FILE = "ray-auth-token"  # in the workdir while a start runs; `auth-token` in the temp dir after
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # AF_UNIX socket paths are limited to 107 bytes; Ray puts its sockets ~64 characters below the temp dir
