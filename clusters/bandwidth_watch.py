@@ -125,7 +125,11 @@ def _probe(cluster: Cluster) -> dict | None:
     )
     try:
         status, logs = ray_nodes.submit_job(
-            cluster.dashboard_url, entrypoint, runtime_env, settings.VOLT_PROBE_TIMEOUT_S
+            cluster.dashboard_url,
+            entrypoint,
+            runtime_env,
+            settings.VOLT_PROBE_TIMEOUT_S,
+            auth_token=ray_head.token_for(cluster),
         )
         result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
     except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:

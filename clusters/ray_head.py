@@ -1,6 +1,6 @@
 """Every HTTP call Volt's telemetry makes to a cluster's Ray head goes through `head_request`.
 
-One function, so authenticating to the head (Ray's token auth, a per-cluster token) is one change here.
+Every call sends the cluster's Ray token (`token_for`): a head answers 401 without it.
 Pure of Django models: it takes the head's dashboard URL and the cluster's token (empty: none).
 """
 
@@ -12,11 +12,14 @@ from typing import Any
 
 
 def token_for(cluster) -> str:
-    """The token Volt sends to `cluster`'s head ("" while heads run without Ray's token auth).
+    """The token Volt sends to `cluster`'s head: its per-cluster Ray token (every head runs Ray's token
+    auth, clusters/tenancy.py), "" before provisioning made one.
 
-    The one place the per-cluster Ray token is looked up; every caller passes its result to head_request.
+    The one place telemetry looks the token up; every caller passes its result to head_request.
     """
-    return ""
+    from clusters import tenancy
+
+    return tenancy.ray_auth_token(cluster)
 
 
 class HeadUnreachable(Exception):
