@@ -25,7 +25,7 @@ _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 # POSIX portable user names (what useradd accepts by default), 32 characters at most.
 _SSH_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 _NIC_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,31}$")
-NIC_FIELDS = {"name", "link_layer", "rate_gbps", "state"}
+NIC_FIELDS = {"name", "link_layer", "rate_gbps", "state", "roce"}
 NIC_LINK_LAYERS = ("InfiniBand", "Ethernet")
 NIC_STATES = ("Active", "Down")
 MAX_NICS = 16
@@ -142,7 +142,7 @@ def validate_host_key(value: str) -> None:
 
 
 def validate_nics(value) -> None:
-    """A local host's NICs: [{"name", "link_layer", "rate_gbps", "state"?}], at most 16."""
+    """A local host's NICs: [{"name", "link_layer", "rate_gbps", "state"?, "roce"?}], at most 16."""
     if value is None:
         return
     if not isinstance(value, list | tuple) or len(value) > MAX_NICS:
@@ -170,6 +170,8 @@ def _nic_problem(nic) -> str:
         return "rate_gbps must be a number from 1 to 3200."
     if nic.get("state", "Active") not in NIC_STATES:
         return f"state must be one of {', '.join(NIC_STATES)}."
+    if not isinstance(nic.get("roce", True), bool):
+        return "roce must be true or false (an Ethernet port with or without RoCE)."
     return ""
 
 

@@ -4,7 +4,7 @@ import asyncssh
 import pytest
 
 from clusters.choices import ClusterStatus
-from clusters.models import Cluster
+from clusters.models import Cluster, ClusterNode
 from voltweb import crypto
 
 pytestmark = pytest.mark.django_db
@@ -61,8 +61,11 @@ def test_another_team_gets_404(bob, ready_cluster, client_for):
 
 
 def test_the_cluster_page_offers_the_key_to_members_only_and_shows_downloads(
-    client, alice, root, ready_cluster, client_for
+    client, alice, root, ready_cluster, client_for, northwind_ib, make_host
 ):
+    # The key is offered beside the SSH command, so the cluster's head is on an SSH host.
+    head = make_host(northwind_ib.blocks.first())
+    ClusterNode.objects.create(cluster=ready_cluster, host=head, rank=0, is_head=True, gpu_indices=[0])
     client_for(alice).get(f"/api/v1/clusters/{ready_cluster.pk}/ssh-key/")
 
     client.force_login(root)

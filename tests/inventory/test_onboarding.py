@@ -205,7 +205,7 @@ def test_retired_machine_added_again_comes_back_with_its_gpus_and_history(
 
 
 def test_machine_still_owned_by_a_live_host_fails_clearly_and_a_retry_after_retiring_succeeds(
-    northwind, northwind_ib, add_local_host, priya, committed
+    northwind, northwind_ib, add_local_host, root, committed
 ):
     first = add_local_host(northwind, northwind_ib, "first")
     twin = add_local_host(northwind, northwind_ib, "twin", onboard=False)
@@ -216,9 +216,9 @@ def test_machine_still_owned_by_a_live_host_fails_clearly_and_a_retry_after_reti
 
     assert twin.state == HostState.FAILED and twin.error_code == "gpu_owned_elsewhere"
     assert "first" in twin.error_message and "retire the other host" in twin.error_message
-    services.act_on_host(first, "retire", priya)
+    services.act_on_host(first, "retire", root)
     with committed():
-        services.act_on_host(twin, "rediscover", priya)
+        services.act_on_host(twin, "rediscover", root)
     twin.refresh_from_db()
     assert twin.state == HostState.AVAILABLE and twin.gpus.count() == 8
 
