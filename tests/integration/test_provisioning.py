@@ -368,11 +368,13 @@ def test_a_slow_host_with_no_replacement_is_kept_and_named(
     cluster = request(client, committed, nodes=2)
 
     assert cluster["status"] == "ready", cluster["failure_message"]
-    assert sorted(n["host"] for n in cluster["nodes"]) == ["h0", "h1"] and cluster["bandwidth_flagged"]
+    # Local hosts on plain loopback (emulation off in tests): the prediction is not compared, so the
+    # cluster is not flagged, but the probe still names the slow host among its peers.
+    assert sorted(n["host"] for n in cluster["nodes"]) == ["h0", "h1"] and not cluster["bandwidth_flagged"]
     assert cluster["slow_hosts_replaced"] == 0
     ready = events_of(client, cluster["id"])[-1]["message"]
     assert "h1 is the slowest host: local memory bandwidth" in ready
-    assert "kept it: no free host can replace h1" in ready and "flagged" in ready
+    assert "kept it: no free host can replace h1" in ready and "links not emulated" in ready
     assert Host.objects.get(pk=local_hosts[1].pk).state == "available"  # nothing better to move to
     page = console_page(alice, f"/clusters/{cluster['id']}/")
     assert "slowest</span>" in page
