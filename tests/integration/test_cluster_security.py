@@ -150,8 +150,8 @@ def test_ready_cluster_refuses_strangers_and_its_jobs_cannot_reach_volts_secrets
             assert value not in everything, name
             assert f"{name}=" not in everything, name
         # The node marker and the fabric shim's own address are Volt's only variables a job may see.
-    allowed = {"VOLT_RAY_NODE", "VOLT_HOST_ADDRESS"}
-    assert not [k for k in seen["environ"] if k.startswith(("VOLT_", "DJANGO_")) and k not in allowed]
+        allowed = {"VOLT_RAY_NODE", "VOLT_HOST_ADDRESS"}
+        assert not [k for k in seen["environ"] if k.startswith(("VOLT_", "DJANGO_")) and k not in allowed]
         assert "PYTHONPATH" not in seen["own"]  # Volt's source is not put on the job's path
         if os.geteuid() == 0:
             assert seen["uid"] != 0 and row.node_user
