@@ -21,7 +21,7 @@
       const span = x.length ? [x[0], x[x.length - 1]] : [new Date().toISOString(), new Date().toISOString()];
       traces.push({x: span, y: [state.predicted, state.predicted], name: "predicted", mode: "lines", line: {dash: "dash"}});
     }
-    Plotly.react("busbw-chart", traces, layout("All-reduce busbw (GB/s)", "GB/s"), {displayModeBar: false});
+    Plotly.react("busbw-chart", traces, layout("All-reduce busbw (GB/s)", "GB/s"), {displayModeBar: false, responsive: true});
     $("busbw-chart").dataset.points = String(points.length);
   }
 
@@ -43,7 +43,7 @@
     const util = {};
     (gpu.gpu_util_pct || []).forEach((p) => { (util[p.host] = util[p.host] || {x: [], y: []}); util[p.host].x.push(p.ts); util[p.host].y.push(p.value); });
     Object.keys(util).sort().forEach((host) => traces.push({x: util[host].x, y: util[host].y, name: host + " util %", mode: "lines", line: {dash: "dot"}}));
-    Plotly.react("gpu-chart", traces, layout("GPU temperature (°C) and utilisation (%) per host", ""), {displayModeBar: false});
+    Plotly.react("gpu-chart", traces, layout("GPU temperature (°C) and utilisation (%) per host", ""), {displayModeBar: false, responsive: true});
   }
 
   function addGpu(ts, nodes) {

@@ -1,7 +1,8 @@
 """A READY cluster's page in Chromium, live: a sweep fills the health table and a fault turns a node failed,
 a probe from the console adds a point to the bandwidth chart and raises the alert — all without a reload.
-(The issue's `link_degraded` fault belongs to the fabric-emulation work; here the alert comes from the
-demo fabric's prediction, which loopback cannot reach.)
+Where the stack's local links are emulated (root: CI), the alert comes from `link_degraded:25` injected
+on the worker's host through the faults API, as an operator would; without the emulation, from the demo
+fabric's prediction, which plain loopback cannot reach.
 
 The cluster is real (Ray on two demo local hosts, provisioned by the stack's worker). Sweeps are sent to
 the worker as beat would send them. Runs after test_console_clusters.py and terminates its cluster.
@@ -48,6 +49,31 @@ def _status(cluster_id: int) -> tuple[str, str]:
 
     cluster = Cluster.objects.get(pk=cluster_id)
     return cluster.status, cluster.failure_message
+
+
+def _admin_token() -> str:
+    from django.contrib.auth import get_user_model
+
+    from voltweb import services as accounts
+
+    return accounts.create_api_token(get_user_model().objects.get(username="admin"), "browser-admin").secret
+
+
+def _faults(stack, token: str, host_id: int, method: str, body: dict | None = None) -> dict:
+    """The stack's faults API for a host: GET lists, POST injects, DELETE clears."""
+    request = urllib.request.Request(
+        f"{stack.url}/api/v1/hosts/{host_id}/faults/", json.dumps(body).encode() if body else None,
+        method=method, headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def _worker_host_id(cluster_id: int) -> int:
+    from clusters.models import ClusterNode
+
+    node = ClusterNode.objects.get(cluster_id=cluster_id, is_head=False, released_at__isnull=True)
+    return node.host_id
 
 
 def _worker_node_sandbox(cluster_id: int):
@@ -101,13 +127,21 @@ def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, scr
         _sweep(live_stack, cluster_id)
         expect(page.locator("#health-table .verdict")).to_have_text(["ok", "ok"], timeout=30_000)
 
-        page.get_by_role("button", name="Probe bandwidth now").click()
-        expect(page.locator("#probe-state")).to_contain_text("probe", timeout=10_000)
-        expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "2", timeout=240_000)
-        # Loopback gloo is far below the demo fabric's predicted InfiniBand busbw: the alert shows.
-        expect(page.locator("#bandwidth-alert")).to_be_visible(timeout=10_000)
-        expect(page.locator("#bandwidth-alert")).to_contain_text("of the predicted")
-        screenshot(page, "cluster-live-probed")
+        admin, worker_host = orm(_admin_token), orm(_worker_host_id, cluster_id)
+        degraded = _faults(live_stack, admin, worker_host, "GET")["links_emulated"]
+        if degraded:  # emulated links run at the prediction: degrade the worker's to a quarter
+            _faults(live_stack, admin, worker_host, "POST", {"fault": "link_degraded", "value": "25"})
+        try:
+            page.get_by_role("button", name="Probe bandwidth now").click()
+            expect(page.locator("#probe-state")).to_contain_text("probe", timeout=10_000)
+            expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "2", timeout=240_000)
+            # Below half the prediction (a degraded link, or plain loopback against InfiniBand): the alert.
+            expect(page.locator("#bandwidth-alert")).to_be_visible(timeout=10_000)
+            expect(page.locator("#bandwidth-alert")).to_contain_text("of the predicted")
+            screenshot(page, "cluster-live-probed")
+        finally:
+            if degraded:
+                _faults(live_stack, admin, worker_host, "DELETE", {"fault": "link_degraded"})
 
         folder, host_name = orm(_worker_node_sandbox, cluster_id)
         sandbox = live_stack.data_dir / "hosts" / folder
