@@ -258,6 +258,9 @@ def live_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         "CELERY_BROKER_URL": redis_url,
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "VOLT_DATA_DIR": str(data_dir),
+        # Plain loopback, as for a non-root user: the emulated fabric has its own integration tests
+        # (tests/integration/test_fabric_emulation.py), and these pages then show the "not emulated" note.
+        "VOLT_LOCAL_FABRIC_EMULATION": "off",
     }
     python = sys.executable
     try:
