@@ -13,6 +13,7 @@ Secrets are Fernet-encrypted at rest (voltweb/crypto.py) and generated once per 
 from __future__ import annotations
 
 import secrets
+import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -27,9 +28,21 @@ from inventory.drivers.base import DriverError, HostDriver
 from voltweb import crypto, namespace
 
 NOT_ISOLATED = (
-    "Ray runs as Volt's own Unix user on the local hosts (Volt is not root here, so it cannot create a "
-    "user for the cluster): its jobs are not isolated from Volt's processes"
+    "Ray runs as Volt's own Unix user on the local hosts (Volt is not root here, or its Python "
+    "environment is closed to other users, so it cannot run Ray as a user of the cluster's own): its jobs "
+    "are not isolated from Volt's processes"
 )
+
+
+def environment_open_to_others(python: str | None = None) -> bool:
+    """Whether another Unix user can run Volt's Python (local hosts run Ray from Volt's own environment):
+    every folder above it must be searchable by others. A checkout in a folder closed to others (mode
+    0700, as `mktemp -d` makes) is not, and a cluster user's `ray start` would fail with EACCES."""
+    path = Path(python or sys.executable).absolute()
+    for folder in path.parents:
+        if not folder.stat().st_mode & 0o001:
+            return False
+    return bool(path.stat().st_mode & 0o001)
 
 
 def ray_cluster_id(cluster: Cluster) -> str:
@@ -69,13 +82,14 @@ def ray_auth_token(cluster: Cluster) -> str:
 def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[HostDriver]) -> str | None:
     """The Unix user the cluster's Ray runs as on its local hosts (created if missing), or None.
 
-    None when it has no local host, or when Volt is not root (then Ray runs as Volt's own user: the
+    None when it has no local host, when Volt's Python is closed to other users, or when Volt is not root
+    (then Ray runs as Volt's own user: the
     caller says so on the timeline, see NOT_ISOLATED). Local hosts share this machine, so one user
     serves every local node of the cluster. SSH hosts run Ray as their SSH user; a host serves one team
     at a time (clusters.services.candidate_snapshots). Raises DriverError if the user cannot be made.
     """
     local = [d for n, d in zip(nodes, drivers, strict=True) if n.host.driver == DriverKind.LOCAL]
-    if not local:
+    if not local or not environment_open_to_others():
         return None
     install = str(Path(settings.VOLT_DATA_DIR).resolve())
     name = cluster.node_user or node_users.user_name(cluster.pk, install)
