@@ -39,10 +39,13 @@ def environment_open_to_others(python: str | None = None) -> bool:
     every folder above it must be searchable by others. A checkout in a folder closed to others (mode
     0700, as `mktemp -d` makes) is not, and a cluster user's `ray start` would fail with EACCES."""
     path = Path(python or sys.executable).absolute()
-    for folder in path.parents:
-        if not folder.stat().st_mode & 0o001:
-            return False
-    return bool(path.stat().st_mode & 0o001)
+    # The venv's python is usually a link to a base interpreter (e.g. under /root/.pyenv, closed to
+    # others): both the link's folders and the interpreter's must be open.
+    for candidate in (path, path.resolve()):
+        for folder in candidate.parents:
+            if not folder.stat().st_mode & 0o001:
+                return False
+    return bool(path.resolve().stat().st_mode & 0o001)
 
 
 def ray_cluster_id(cluster: Cluster) -> str:
