@@ -16,7 +16,11 @@ Several installs (a demo, test runs, other checkouts) share one machine and one 
 root HTB qdisc (`1:`, unclassified traffic goes straight through); each install claims a *slot*
 (1..63) under a machine-wide lock: its classes are 1:(slot<<10) (parent) and 1:(slot<<10 | k) (pairs),
 its filters sit at their own priority (100 + slot). Removing an install deletes exactly those; the
-root qdisc goes with the last install. The slot is recorded in `<VOLT_DATA_DIR>/fabric.json`, with
+root qdisc goes with the last install. Filters are tried by priority, so two installs that shape the
+same address pair would let the lower slot's class take every packet: a fault the other one injects
+would never act. `apply` therefore clears the slots of dead installs (their state folder gone or no
+longer naming that slot: a test stack's temporary folder, a crashed demo) that shape any of its
+addresses, and refuses, naming the other install, when a live one does. The slot is recorded in `<VOLT_DATA_DIR>/fabric.json`, with
 every class, so the link-flapping process can find a host's classes without Django.
 
 Pure helpers (rates) come first; `apply`, `remove` and `flap` touch the machine.
@@ -48,6 +52,7 @@ MAX_SLOT = 63
 PAIRS_PER_SLOT = (1 << 10) - 1
 DOWN_RATE_BYTES = 125  # a flapping link's "down" half: 1 kbit/s, connections survive, nothing passes
 LOCK_FILE = Path("/tmp/volt-fabric-lo.lock")
+OWNERS_DIR = Path("/tmp/volt-fabric-slots")  # <slot>: the state folder of the install that holds it
 STATE_NAME = "fabric.json"
 SHIM_SOURCE = Path(__file__).resolve().parent / "drivers" / "bindsrc.c"
 SHIM_CACHE = Path("/tmp/volt-lib")
@@ -319,10 +324,12 @@ def apply(
         if len(ends) < 2:
             if old is not None:
                 _remove_slot(old)
+                _set_owner(old.slot, None)
                 _drop_root_if_unused()
             _write_state(state_dir, None)
             return None
         _ensure_root()
+        _clear_foreign(state_dir, {end.address for end in ends}, old.slot if old is not None else None)
         if old is not None and _unchanged(old, ends, scale):
             return old  # the health sweep re-syncs every few minutes: leave flowing traffic alone
         if old is not None:
@@ -347,7 +354,70 @@ def apply(
             _write_state(state_dir, None)
             raise
         _write_state(state_dir, state)
+        _set_owner(state.slot, state_dir)
         return state
+
+
+def _set_owner(slot: int, state_dir: Path | None) -> None:
+    path = OWNERS_DIR / str(slot)
+    if state_dir is None:
+        path.unlink(missing_ok=True)
+        return
+    OWNERS_DIR.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(Path(state_dir).resolve()))
+
+
+def _owner_alive(slot: int) -> Path | None:
+    """The state folder of the live install that holds `slot`, or None when that install is gone."""
+    try:
+        owner = Path((OWNERS_DIR / str(slot)).read_text().strip())
+    except OSError:
+        return None
+    state = read_state(owner)
+    return owner if state is not None and state.slot == slot else None
+
+
+def _hex_address(value: str) -> str:
+    number = int(value, 16)
+    return ".".join(str(number >> shift & 0xFF) for shift in (24, 16, 8, 0))
+
+
+def slots_shaping(addresses: set[str]) -> dict[int, set[str]]:
+    """Slot -> which of `addresses` its u32 filters match (source or destination), as `lo` holds them."""
+    found: dict[int, set[str]] = {}
+    slot = None
+    for line in _tc("filter", "show", "dev", DEVICE).splitlines():
+        parts = line.split()
+        if line.startswith("filter") and "pref" in parts:
+            prio = int(parts[parts.index("pref") + 1])
+            slot = prio - 100 if 100 < prio <= 100 + MAX_SLOT else None
+        elif parts[:1] == ["match"] and slot is not None:
+            address = _hex_address(parts[1].split("/")[0])
+            if address in addresses:
+                found.setdefault(slot, set()).add(address)
+    return found
+
+
+def _clear_foreign(state_dir: Path, addresses: set[str], own_slot: int | None) -> None:
+    """Remove dead installs' links on `addresses`; a live install's: EmulationUnavailable naming it."""
+    for slot, shared in sorted(slots_shaping(addresses).items()):
+        if slot == own_slot:
+            continue
+        owner = _owner_alive(slot)
+        if owner is not None and owner != Path(state_dir).resolve():
+            raise EmulationUnavailable(
+                f"{', '.join(sorted(shared))} are shaped by another Volt install ({owner}); give this "
+                "install's local hosts other addresses or stop that one"
+            )
+        minors = [
+            int(line.split()[2][2:], 16)
+            for line in _tc("class", "show", "dev", DEVICE).splitlines()
+            if len(line.split()) > 2 and line.split()[2].startswith("1:")
+        ]
+        mine = [m for m in minors if m >> 10 == slot]
+        pairs = [PairClass("", "", minor, 0) for minor in mine if minor != slot << 10]
+        _remove_slot(InstallState(slot, pairs))
+        _set_owner(slot, None)
 
 
 def _unchanged(old: InstallState, ends: Sequence[LinkEnd], scale: float) -> bool:

@@ -7,6 +7,7 @@ Hosts take addresses in a 127.0.N.x subnet of this test run's own, so another te
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -157,6 +158,40 @@ def test_another_install_s_links_survive_removing_ours(emulated, tmp_path):
         fe.remove(tmp_path / "theirs")
 
 
+def test_a_dead_install_s_links_on_our_addresses_do_not_override_our_faults(emulated, tmp_path):
+    """Installs that shaped the same addresses (an earlier browser-test stack, a crashed demo) left their
+    classes on `lo`; their filters sit at a lower priority number and won every packet, so a fault we
+    injected never took effect (issue 12's browser drill measured the full rate). Ours now clears them."""
+    path = ("r", "1", "1", "1")
+    ends = [fe.LinkEnd(f"{SUBNET}.{n}", path, 400.0) for n in (30, 31)]
+    dead_dir, ours = tmp_path / "dead", tmp_path / "ours"
+    fe.apply(dead_dir, ends, SCALE)
+    saved = (dead_dir / fe.STATE_NAME).read_text()
+    (dead_dir / fe.STATE_NAME).unlink()  # its folder was a temporary one, gone with its run
+    try:
+        mine = fe.apply(ours, [dataclasses.replace(ends[0], degraded_pct=25.0), ends[1]], SCALE)
+        rate, _ = measure_bytes_per_s(ends[1].address, ends[0].address, fe.shim_path())
+        assert rate == pytest.approx(BLOCK_GBPS * 1e9 / 4, rel=0.3)
+        addresses = {end.address for end in ends}
+        assert fe.slots_shaping(addresses) == {mine.slot: addresses}  # the dead install's links are gone
+    finally:
+        fe.remove(ours)
+        (dead_dir / fe.STATE_NAME).write_text(saved)
+        fe.remove(dead_dir)
+
+
+def test_a_live_install_on_our_addresses_is_refused_by_name(emulated, tmp_path):
+    path = ("r", "1", "1", "1")
+    ends = [fe.LinkEnd(f"{SUBNET}.{n}", path, 400.0) for n in (32, 33)]
+    fe.apply(tmp_path / "first", ends, SCALE)
+    try:
+        with pytest.raises(fe.EmulationUnavailable, match="shaped by another Volt install"):
+            fe.apply(tmp_path / "second", ends, SCALE)
+    finally:
+        fe.remove(tmp_path / "second")
+        fe.remove(tmp_path / "first")
+
+
 def test_link_flapping_goes_down_and_up_and_stops_when_cleared(emulated, add_host, committed):
     first, second = add_host("h0", "a1", 2), add_host("h1", "a1", 3)
     state_dir = inventory.sandbox_path(first).parents[1]
@@ -259,4 +294,31 @@ def test_without_the_privilege_everything_works_and_the_page_says_links_are_not_
     sample = BandwidthSample.objects.get(cluster_id=cluster["id"])
     assert sample.source_local and not sample.emulated  # kept, never steers placement
     assert fe.read_state(settings.VOLT_DATA_DIR) is None
+    terminate(client, committed, cluster["id"])
+
+
+def test_link_degraded_on_a_ready_cluster_is_seen_by_the_live_probe_and_raises_the_alert(
+    emulated, alice, priya, add_host, client_for, committed
+):
+    """The drill of issue 12: a READY cluster's link degraded through the faults API; the next probe from
+    the console (bandwidth_watch, the on-demand probe) measures it and the cluster carries the alert."""
+    from clusters import bandwidth_watch
+
+    add_host("h0", "a1", 2), add_host("h1", "a1", 3)
+    client = client_for(alice)
+    cluster = request(client, committed, nodes=2)
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    worker = Host.objects.get(name=next(n["host"] for n in cluster["nodes"] if not n["is_head"]))
+    with committed():
+        response = client_for(priya).post(
+            f"/api/v1/hosts/{worker.pk}/faults/", {"fault": "link_degraded", "value": "25"}
+        )
+    assert response.status_code == 200, response.json()
+
+    result = bandwidth_watch.run_probe(cluster["id"])
+
+    row = Cluster.objects.get(pk=cluster["id"])
+    assert result is not None, [e.message for e in row.events.all()]
+    assert row.measured_busbw_gbps == pytest.approx(BLOCK_GBPS / 4, rel=0.35), result
+    assert "of the predicted" in row.bandwidth_alert, row.bandwidth_alert
     terminate(client, committed, cluster["id"])
