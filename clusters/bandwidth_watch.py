@@ -3,8 +3,8 @@
 API/console ─▶ request_probe(): 202, probe_cluster_task queued on commit (queue: provisioning)
 beat ─▶ probe_idle_clusters(): READY clusters whose interval (cluster.probe_interval_min, else
         VOLT_PROBE_INTERVAL_MIN; 0 = off) has passed and on whose head no Ray job runs
-worker ─▶ run_probe(id): one at a time per cluster (a lock), the light probe (VOLT_LIVE_PROBE_MAX_MB)
-          as a Ray job → a `busbw` sample (source probe) → below VOLT_PROBE_MIN_FRACTION of the
+worker ─▶ run_probe(id): one at a time per cluster (a lock), the light probe (sized to VOLT_PROBE_BUDGET_S
+          at the prediction, as verification: provision.probe_job_for) as a Ray job → a `busbw` sample (source probe) → below VOLT_PROBE_MIN_FRACTION of the
           prediction: `bandwidth_alert` on the cluster, naming the slow host when the per-host
           phase finds one; at or above: the alert clears
 """
@@ -18,13 +18,11 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from clusters import metrics, ray_head
+from clusters import metrics, provision, ray_head
 from clusters.choices import WATCHED, ClusterStatus, MetricSource
 from clusters.models import Cluster, ClusterEvent
 from clusters.probes import allreduce
-from clusters.provision import active_nodes
 from clusters.provisioning import ray_nodes
-from inventory.choices import DriverKind
 from voltweb import realtime
 from voltweb.taskutils import enqueue_on_commit
 
@@ -109,20 +107,12 @@ def run_probe(cluster_id: int) -> dict | None:
 
 
 def _probe(cluster: Cluster) -> dict | None:
-    nodes = active_nodes(cluster)
+    nodes = provision.active_nodes(cluster)
     realtime.broadcast(f"cluster-{cluster.pk}", {"kind": "probe", "state": "running"})
     if len(nodes) < 2:
         _finish(cluster, None, "probe skipped: a single node has no inter-node all-reduce to measure")
         return None
-    local = nodes[0].host.driver == DriverKind.LOCAL
-    entrypoint, runtime_env = allreduce.probe_job(
-        min(settings.VOLT_PROBE_MAX_MB, settings.VOLT_LIVE_PROBE_MAX_MB),
-        settings.VOLT_PROBE_ITERS,
-        warmup=1,
-        python=_python(nodes[0].host),
-        expected_nodes=len(nodes),
-        env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
-    )
+    entrypoint, runtime_env = provision.probe_job_for(cluster, nodes)  # light: its time budget
     try:
         status, logs = ray_nodes.submit_job(
             cluster.dashboard_url,
@@ -189,8 +179,3 @@ def _timeline(cluster: Cluster, message: str) -> None:
         {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
     )
 
-
-def _python(host) -> str:
-    import sys
-
-    return sys.executable if host.driver == DriverKind.LOCAL else settings.VOLT_HOST_PYTHON

@@ -372,13 +372,9 @@ def _ports_free(ports: ray_nodes.NodePorts) -> bool:
 # --- verification ------------------------------------------------------------------------------------
 
 
-def verify(cluster: Cluster) -> Cluster:
-    """Run the all-reduce probe and store it beside the prediction: READY (flagged if slow), FAILED, or
-    back to PROVISIONING with the slowest host replaced (a flagged cluster, VOLT_SLOW_HOST_REPLACEMENTS)."""
-    nodes = active_nodes(cluster)
-    if len(nodes) == 1:
-        return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
-    local = nodes[0].host.driver == DriverKind.LOCAL
+def probe_job_for(cluster: Cluster, nodes: list[ClusterNode]) -> tuple[str, dict]:
+    """The all-reduce probe as a Ray job, sized to VOLT_PROBE_BUDGET_S at the cluster's predicted busbw
+    (allreduce.budget_plan): verification and the live probe (on demand, idle) alike."""
     plan = allreduce.budget_plan(
         cluster.predicted_busbw_gbps,
         settings.VOLT_PROBE_BUDGET_S,
@@ -387,7 +383,8 @@ def verify(cluster: Cluster) -> Cluster:
         _PROBE_WARMUP,
         settings.VOLT_PROBE_MAX_MB * allreduce.MB,
     )
-    entrypoint, runtime_env = allreduce.probe_job(
+    local = nodes[0].host.driver == DriverKind.LOCAL
+    return allreduce.probe_job(
         settings.VOLT_PROBE_MAX_MB,
         settings.VOLT_PROBE_ITERS,
         warmup=_PROBE_WARMUP,
@@ -396,6 +393,16 @@ def verify(cluster: Cluster) -> Cluster:
         env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
         plan=plan,
     )
+
+
+def verify(cluster: Cluster) -> Cluster:
+    """Run the all-reduce probe and store it beside the prediction: READY (flagged if slow), FAILED, or
+    back to PROVISIONING with the slowest host replaced (a flagged cluster, VOLT_SLOW_HOST_REPLACEMENTS)."""
+    nodes = active_nodes(cluster)
+    if len(nodes) == 1:
+        return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
+    local = nodes[0].host.driver == DriverKind.LOCAL
+    entrypoint, runtime_env = probe_job_for(cluster, nodes)
     try:
         status, logs = ray_nodes.submit_job(
             cluster.dashboard_url,

@@ -294,8 +294,6 @@ VOLT_WATCH_INTERVAL_S = env_float("VOLT_WATCH_INTERVAL_S", 5.0, minimum=1.0, max
 VOLT_WATCH_HOST_TIMEOUT_S = env_float("VOLT_WATCH_HOST_TIMEOUT_S", 4.0, minimum=0.5, maximum=600.0)
 VOLT_GPU_WARN_TEMP_C = env_int("VOLT_GPU_WARN_TEMP_C", 85, minimum=30)
 VOLT_PROBE_INTERVAL_MIN = env_int("VOLT_PROBE_INTERVAL_MIN", 10, minimum=0)  # idle probes; 0: off
-# Message sizes of the live probe (on demand / idle) stop here: light enough to run beside a user.
-VOLT_LIVE_PROBE_MAX_MB = env_int("VOLT_LIVE_PROBE_MAX_MB", 64, minimum=1)
 VOLT_METRICS_RAW_RETENTION_H = env_int("VOLT_METRICS_RAW_RETENTION_H", 24, minimum=1)
 VOLT_METRICS_MINUTE_RETENTION_D = env_int("VOLT_METRICS_MINUTE_RETENTION_D", 30, minimum=1)
 

@@ -215,3 +215,21 @@ def test_a_running_user_job_holds_the_cluster_but_the_probe_does_not(ready, fake
     Cluster.objects.filter(pk=ready.pk).update(dashboard_url="http://127.0.0.1:1")
     ready.refresh_from_db()
     assert bandwidth_watch.job_running(ready)  # a head that does not answer: not idle, no probe
+
+
+def test_the_live_probe_is_sized_to_the_probe_budget_as_verification_is(ready, settings, monkeypatch):
+    """Issue 12: "the verification probe, light (its time budget)" — not a fixed message-size cap."""
+    settings.VOLT_PROBE_BUDGET_S = 7.0
+    submitted = []
+    logs = probe_logs(ready, [10.0, 10.0], busbw=ready.predicted_busbw_gbps)
+    monkeypatch.setattr(
+        ray_nodes, "submit_job", lambda url, entry, *a, **k: submitted.append(entry) or ("SUCCEEDED", logs)
+    )
+
+    bandwidth_watch.run_probe(ready.pk)
+
+    plan = allreduce.budget_plan(ready.predicted_busbw_gbps, 7.0, 2, settings.VOLT_PROBE_ITERS, 2,
+                                 settings.VOLT_PROBE_MAX_MB * allreduce.MB)  # fmt: skip
+    args = submitted[0].split()
+    assert args[args.index("--budget-s") + 1] == "7"
+    assert args[args.index("--sizes") + 1] == ",".join(str(size) for size in plan.sizes)
