@@ -178,4 +178,3 @@ def _timeline(cluster: Cluster, message: str) -> None:
         f"cluster-{cluster.pk}",
         {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
     )
-

@@ -9,8 +9,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from clusters import metrics
-from clusters.choices import MetricSeries
-from clusters.models import Cluster, NodeHealth
+from clusters.choices import LIVE, MetricSeries
+from clusters.models import Cluster, MetricMinute, MetricSample, NodeHealth
 from clusters.provision import active_nodes
 
 BANDWIDTH_WINDOW = timedelta(days=1)
@@ -22,22 +22,26 @@ def snapshot(cluster: Cluster) -> dict:
     """Everything the live parts of the cluster page show, as JSON-ready values."""
     from clusters.watch import node_health_payload
 
-    now = timezone.now()
-    nodes = active_nodes(cluster)
+    live = cluster.status in LIVE
+    # A finished cluster shows what was recorded while it lived: its nodes (released since) and the
+    # series' windows ending at its last sample, not at now (which holds nothing).
+    now = timezone.now() if live else _last_sample_at(cluster) or timezone.now()
+    nodes = active_nodes(cluster) if live else list(cluster.nodes.select_related("host").order_by("rank"))
     rows = {h.node_id: h for h in NodeHealth.objects.filter(node__in=nodes)}
     events = list(cluster.events.order_by("-at", "-id")[:TIMELINE_LINES])[::-1]
     return {
         "kind": "snapshot",
         "cluster": cluster.pk,
         "status": cluster.status,
+        "live": live,
         "failure_message": cluster.failure_message,
         "predicted_busbw_gbps": cluster.predicted_busbw_gbps,
         "measured_busbw_gbps": cluster.measured_busbw_gbps,
         "bandwidth_alert": cluster.bandwidth_alert,
         "nodes": [node_health_payload(node, rows.get(node.pk)) for node in nodes],
-        "bandwidth": _points(cluster, MetricSeries.BUSBW, now - BANDWIDTH_WINDOW),
+        "bandwidth": _points(cluster, MetricSeries.BUSBW, now - BANDWIDTH_WINDOW, now),
         "gpu": {
-            name: _points(cluster, name, now - GPU_WINDOW)
+            name: _points(cluster, name, now - GPU_WINDOW, now)
             for name in (MetricSeries.GPU_TEMP, MetricSeries.GPU_UTIL)
         },
         "timeline": [
@@ -47,8 +51,15 @@ def snapshot(cluster: Cluster) -> dict:
     }
 
 
-def _points(cluster: Cluster, name: str, since) -> list[dict]:
+def _points(cluster: Cluster, name: str, since, until) -> list[dict]:
     return [
         {"ts": p.ts.isoformat(), "value": p.value, "host": p.host, "source": p.source}
-        for p in metrics.series(cluster, name, since)
+        for p in metrics.series(cluster, name, since, until)
     ]
+
+
+def _last_sample_at(cluster: Cluster):
+    raw = MetricSample.objects.filter(cluster=cluster).order_by("-ts").values_list("ts", flat=True).first()
+    minute = MetricMinute.objects.filter(cluster=cluster).order_by("-minute").values_list("minute", flat=True)
+    candidates = [t for t in (raw, minute.first()) if t is not None]
+    return max(candidates) if candidates else None

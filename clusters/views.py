@@ -126,6 +126,7 @@ def cluster_detail(request, pk):
         "topology": _topology(cluster.plan, _placed_nodes(cluster)),
         "queue_position": services.queue_position(cluster),
         "can_terminate": cluster.status in services.LIVE,
+        "cluster_live": cluster.status in services.LIVE,
         "connection": services.connection_details(cluster, request.user),
         "can_download_key": accounts.is_team_member(request.user, cluster.team),
         "probe_hosts": _probe_hosts(cluster),

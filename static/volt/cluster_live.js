@@ -6,13 +6,17 @@
   const root = document.getElementById("cluster-live");
   if (!root) return;
   const $ = (id) => document.getElementById(id);
-  const state = { predicted: null, nodes: [], retry: 0, socket: null };
+  const state = { predicted: null, nodes: [], retry: 0, socket: null, live: true };
   const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
   const fmt = (v, d) => (v == null ? "—" : Number(v).toFixed(d));
   const layout = (title, ytitle) => ({
     title: {text: title, font: {size: 13}}, margin: {l: 50, r: 10, t: 30, b: 30},
     yaxis: {title: ytitle, rangemode: "tozero"}, legend: {orientation: "h"}, showlegend: true,
   });
+
+  // A chart with no points says so (a terminated cluster that recorded none, a cluster not probed yet).
+  const empty = (text) => ({annotations: [{text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5}],
+    xaxis: {visible: false}, yaxis: {visible: false}});
 
   function drawBandwidth(points) {
     const x = points.map((p) => p.ts), y = points.map((p) => p.value);
@@ -21,12 +25,15 @@
       const span = x.length ? [x[0], x[x.length - 1]] : [new Date().toISOString(), new Date().toISOString()];
       traces.push({x: span, y: [state.predicted, state.predicted], name: "predicted", mode: "lines", line: {dash: "dash"}});
     }
-    Plotly.react("busbw-chart", traces, layout("All-reduce busbw (GB/s)", "GB/s"), {displayModeBar: false, responsive: true});
+    const look = layout("All-reduce busbw (GB/s)", "GB/s");
+    if (!points.length) Object.assign(look, empty(state.live ? "No bandwidth sample yet: probe the cluster." : "No bandwidth sample was recorded."));
+    Plotly.react("busbw-chart", traces, look, {displayModeBar: false, responsive: true});
     $("busbw-chart").dataset.points = String(points.length);
   }
 
   function addBandwidth(ts, value) {
     const chart = $("busbw-chart");
+    if ((chart.layout.annotations || []).length) Plotly.relayout(chart, {annotations: [], "xaxis.visible": true, "yaxis.visible": true});
     Plotly.extendTraces(chart, {x: [[ts]], y: [[value]]}, [0]);
     if (state.predicted && chart.data.length > 1) {
       const xs = chart.data[0].x;
@@ -43,7 +50,9 @@
     const util = {};
     (gpu.gpu_util_pct || []).forEach((p) => { (util[p.host] = util[p.host] || {x: [], y: []}); util[p.host].x.push(p.ts); util[p.host].y.push(p.value); });
     Object.keys(util).sort().forEach((host) => traces.push({x: util[host].x, y: util[host].y, name: host + " util %", mode: "lines", line: {dash: "dot"}}));
-    Plotly.react("gpu-chart", traces, layout("GPU temperature (°C) and utilisation (%) per host", ""), {displayModeBar: false, responsive: true});
+    const look = layout("GPU temperature (°C) and utilisation (%) per host", "");
+    if (!traces.length) Object.assign(look, empty(state.live ? "No GPU reading yet: the watch sweeps a ready cluster." : "No GPU reading was recorded."));
+    Plotly.react("gpu-chart", traces, look, {displayModeBar: false, responsive: true});
   }
 
   function addGpu(ts, nodes) {
@@ -84,7 +93,7 @@
   function setStatus(status) {
     const badge = $("cluster-status");
     if (!status) return;
-    $("probe-form").hidden = !(status === "ready" || status === "degraded");
+    if ($("probe-form")) $("probe-form").hidden = !(status === "ready" || status === "degraded");
     if (!badge) return;
     badge.className = "state state-" + status;
     badge.textContent = status.charAt(0).toUpperCase() + status.slice(1);
@@ -118,6 +127,7 @@
 
   function snapshot(s) {
     state.predicted = s.predicted_busbw_gbps;
+    state.live = s.live !== false;
     const badge = $("cluster-status");
     // The page was rendered before the socket connected: a change in between is caught up here.
     if (badge && !badge.classList.contains("state-" + s.status)) refreshStatic();
@@ -136,7 +146,7 @@
     timeline: (e) => addTimeline(e.at, e.status, e.status, e.message),
     health: (e) => { drawHealth(e.nodes); addGpu(e.ts, e.nodes); },
     bandwidth: (e) => { if (e.predicted_busbw_gbps) state.predicted = e.predicted_busbw_gbps; addBandwidth(e.ts, e.busbw_gbps); },
-    probe: (e) => { $("probe-state").textContent = e.state === "running" ? "probe running…" : (e.message || ""); if ("alert" in e) setAlert(e.alert); },
+    probe: (e) => { if (!$("probe-state")) return; $("probe-state").textContent = e.state === "running" ? "probe running…" : (e.message || ""); if ("alert" in e) setAlert(e.alert); },
   };
 
   function connect() {

@@ -158,3 +158,38 @@ def test_terminated_clusters_probe_table_still_names_its_hosts(client, alice, ra
     table = page.split('id="probe-hosts"')[1].split("</table>")[0]
     for node in nodes:
         assert f"<td>{node.host.name}</td>" in table and node.host.address not in table
+
+
+def test_a_terminated_cluster_shows_what_it_recorded_and_no_probe_button(client, alice, rack, committed):
+    """Nothing on the page can act on a terminated cluster; its charts and health table show the samples
+    recorded while it lived (days ago: not in a window that ends now)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clusters import live, metrics
+    from clusters.models import NodeHealth
+
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM)
+    cluster = Cluster.objects.get()
+    ready(cluster, probe_result={"nodes": 2, "backend": "gloo", "results": []})
+    node = cluster.nodes.select_related("host").order_by("rank").first()
+    lived = timezone.now() - timedelta(days=3)
+    metrics.record(cluster, "busbw", 42.0, source="probe", ts=lived)
+    metrics.record(cluster, "gpu_temp_c", 55.0, host=node.host, ts=lived + timedelta(seconds=5))
+    NodeHealth.objects.create(node=node, verdict="warning", rule="GPU 0 at 87 C", checked_at=lived)
+    assert 'id="probe-form"' in client.get(f"/clusters/{cluster.pk}/").content.decode()  # ready: it can act
+    with committed():
+        client.post(f"/clusters/{cluster.pk}/terminate/")
+    terminate_cluster_task.apply(args=(cluster.pk,)).get()
+
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    snapshot = live.snapshot(Cluster.objects.get(pk=cluster.pk))
+
+    assert 'id="probe-form"' not in page and "Probe bandwidth now" not in page
+    assert snapshot["live"] is False
+    assert [p["value"] for p in snapshot["bandwidth"]] == [42.0]
+    assert [p["value"] for p in snapshot["gpu"]["gpu_temp_c"]] == [55.0]
+    assert {n["host"]: n["verdict"] for n in snapshot["nodes"]}[node.host.name] == "warning"
