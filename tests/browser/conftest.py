@@ -258,9 +258,9 @@ def live_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         "CELERY_BROKER_URL": redis_url,
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "VOLT_DATA_DIR": str(data_dir),
-        # Plain loopback, as for a non-root user: the emulated fabric has its own integration tests
-        # (tests/integration/test_fabric_emulation.py), and these pages then show the "not emulated" note.
-        "VOLT_LOCAL_FABRIC_EMULATION": "off",
+        # Links shaped where this process may (root: CI), as the demo does; the live page's link_degraded
+        # drill needs them. Elsewhere plain loopback, and the pages show the "not emulated" note.
+        "VOLT_LOCAL_FABRIC_EMULATION": settings.VOLT_LOCAL_FABRIC_EMULATION,
     }
     python = sys.executable
     try:
@@ -280,7 +280,20 @@ def live_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         yield stack
     finally:
         _stop(stack.processes)
+        _unshape(data_dir)
         settings.VOLT_DATA_DIR = saved_data_dir
+
+
+def _unshape(data_dir: Path) -> None:
+    """Remove the stack's shaped links: left on `lo`, their filters would outrank the next run's."""
+    from inventory import fabric_emulation as fe
+
+    for pid_file in data_dir.glob("hosts/*/faults/.link_flapping.pid"):
+        fe.stop_flapping(pid_file.with_name("link_flapping"))
+    try:
+        fe.remove(data_dir)
+    except fe.EmulationUnavailable as exc:
+        print(f"could not remove the stack's shaped links: {exc}", file=sys.stderr)
 
 
 @pytest.hookimpl(wrapper=True)

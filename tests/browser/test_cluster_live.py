@@ -1,8 +1,9 @@
 """A READY cluster's page in Chromium, live: a sweep fills the health table and a fault turns a node failed,
 a probe from the console adds a point to the bandwidth chart and raises the alert — all without a reload.
-Where the stack's local links are emulated (root: CI), the alert comes from `link_degraded:25` injected
-on the worker's host through the faults API, as an operator would; without the emulation, from the demo
-fabric's prediction, which plain loopback cannot reach.
+Where the stack's local links are emulated (root: CI), a first probe matches the prediction and shows no
+alert; then `link_degraded:25` is injected on the worker's host through the faults API, as an operator
+would, and the next probe raises the alert. Without the emulation (no root) the fault cannot act, and
+the alert comes from the demo fabric's prediction, which plain loopback cannot reach.
 
 The cluster is real (Ray on two demo local hosts, provisioned by the stack's worker). Sweeps are sent to
 the worker as beat would send them. Runs after test_console_clusters.py and terminates its cluster.
@@ -128,20 +129,26 @@ def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, scr
         expect(page.locator("#health-table .verdict")).to_have_text(["ok", "ok"], timeout=30_000)
 
         admin, worker_host = orm(_admin_token), orm(_worker_host_id, cluster_id)
-        degraded = _faults(live_stack, admin, worker_host, "GET")["links_emulated"]
-        if degraded:  # emulated links run at the prediction: degrade the worker's to a quarter
+        emulated = _faults(live_stack, admin, worker_host, "GET")["links_emulated"]
+        probe_button = page.get_by_role("button", name="Probe bandwidth now")
+        probe_button.click()
+        expect(page.locator("#probe-state")).to_contain_text("probe", timeout=10_000)
+        expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "2", timeout=240_000)
+        if emulated:
+            # The drill: emulated links run at the prediction (no alert), until link_degraded takes the
+            # worker's to a quarter; the next probe from the console sees it and the alert appears.
+            expect(page.locator("#probe-state")).to_contain_text("max busbw", timeout=30_000)
+            expect(page.locator("#bandwidth-alert")).to_be_hidden()
             _faults(live_stack, admin, worker_host, "POST", {"fault": "link_degraded", "value": "25"})
-        try:
-            page.get_by_role("button", name="Probe bandwidth now").click()
-            expect(page.locator("#probe-state")).to_contain_text("probe", timeout=10_000)
-            expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "2", timeout=240_000)
-            # Below half the prediction (a degraded link, or plain loopback against InfiniBand): the alert.
-            expect(page.locator("#bandwidth-alert")).to_be_visible(timeout=10_000)
-            expect(page.locator("#bandwidth-alert")).to_contain_text("of the predicted")
-            screenshot(page, "cluster-live-probed")
-        finally:
-            if degraded:
+            try:
+                probe_button.click()
+                expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "3", timeout=240_000)
+            finally:
                 _faults(live_stack, admin, worker_host, "DELETE", {"fault": "link_degraded"})
+        # Below half the prediction (link_degraded:25, or plain loopback against InfiniBand): the alert.
+        expect(page.locator("#bandwidth-alert")).to_be_visible(timeout=10_000)
+        expect(page.locator("#bandwidth-alert")).to_contain_text("of the predicted")
+        screenshot(page, "cluster-live-probed")
 
         folder, host_name = orm(_worker_node_sandbox, cluster_id)
         sandbox = live_stack.data_dir / "hosts" / folder
