@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from urllib.parse import parse_qs
 
@@ -9,6 +10,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from clusters import live, services
+from voltweb import realtime
 from voltweb import services as accounts
 
 # Membership is checked again at most this often while a socket lives (a member removed from the team
@@ -54,15 +56,8 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
             else:
                 await self.send_json(snapshot)
 
-    @database_sync_to_async
-    def _user(self):
-        """The session user, else the owner of a valid bearer token (header or `?token=`), else None."""
-        user = self.scope.get("user")
-        if user is not None and user.is_authenticated:
-            return user
-        secret = _bearer(self.scope)
-        token = accounts.authenticate_token(secret) if secret else None
-        return token.user if token is not None else None
+    async def _user(self):
+        return await database_sync_to_async(scope_user)(self.scope)
 
     @database_sync_to_async
     def _snapshot(self):
@@ -75,6 +70,16 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
         return user is not None and services.visible_clusters(user).filter(pk=self.cluster_id).exists()
 
 
+def scope_user(scope):
+    """The session user, else the owner of a valid bearer token (header or `?token=`), else None."""
+    user = scope.get("user")
+    if user is not None and user.is_authenticated:
+        return user
+    secret = _bearer(scope)
+    token = accounts.authenticate_token(secret) if secret else None
+    return token.user if token is not None else None
+
+
 def _bearer(scope) -> str:
     for name, value in scope.get("headers", []):
         if name == b"authorization":
@@ -83,3 +88,54 @@ def _bearer(scope) -> str:
                 return parts[1]
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return (query.get("token") or [""])[0]
+
+
+class OverviewConsumer(AsyncJsonWebsocketConsumer):
+    """The health overview, live: counts of the user's teams' clusters and the hosts they may see, and
+    for provider admins the health of their own hosts. Any signed-in user (session or API token).
+
+    Changes arrive as data-less `changed` events on one group; each socket recomputes its own user's
+    view (what it may see differs per user), at most once per REFRESH_S, coalescing bursts (a sweep of
+    many clusters). Membership and provider roles are read afresh at every recompute."""
+
+    REFRESH_S = 1.0
+
+    async def connect(self):
+        self.user = await database_sync_to_async(scope_user)(self.scope)
+        if self.user is None:
+            await self.close(code=REFUSED)
+            return
+        self.pending = None
+        await self.channel_layer.group_add(realtime.OVERVIEW_GROUP, self.channel_name)
+        self.joined = True
+        await self.accept()
+        await self._send_view()
+
+    async def disconnect(self, code):
+        if getattr(self, "joined", False):
+            await self.channel_layer.group_discard(realtime.OVERVIEW_GROUP, self.channel_name)
+        if getattr(self, "pending", None) is not None:
+            self.pending.cancel()
+
+    async def volt_event(self, message):
+        if self.pending is None:  # a refresh already queued covers this change too
+            self.pending = asyncio.ensure_future(self._refresh_soon())
+
+    async def _refresh_soon(self):
+        await asyncio.sleep(self.REFRESH_S)
+        self.pending = None
+        await self._send_view()
+
+    async def _send_view(self):
+        view = await self._view()
+        if view is None:
+            await self.close(code=REFUSED)
+            return
+        await self.send_json(view)
+
+    @database_sync_to_async
+    def _view(self):
+        from clusters.live_views import overview_snapshot
+
+        user = type(self.user).objects.filter(pk=self.user.pk, is_active=True).first()
+        return overview_snapshot(user) if user is not None else None

@@ -11,9 +11,11 @@ from django.views.decorators.http import require_POST
 
 from clusters import bandwidth_watch, services
 from clusters.choices import ClusterStatus, Verdict
-from clusters.models import NodeHealth
+from clusters.models import ClusterNode, NodeHealth
 from inventory import services as inventory
 from inventory.choices import HostState
+
+_VERDICT_RANK = {Verdict.OK: 0, Verdict.WARNING: 1, Verdict.FAILED: 2}
 
 
 @login_required
@@ -67,10 +69,48 @@ def overview_counts(user) -> dict:
     }
 
 
+def provider_host_health(user) -> list[dict]:
+    """The hosts of the providers `user` acts for (platform admins: all), each with the latest verdict of
+    the cluster nodes on it (the worst, with its rule), its hottest GPU and when the watch last looked.
+    Researchers act for no provider: an empty list. Retired hosts are left out."""
+    hosts = list(
+        inventory.managed_hosts(user)
+        .exclude(state=HostState.RETIRED)
+        .select_related("provider")
+        .order_by("provider__name", "name")
+    )
+    rows = {
+        host.pk: {
+            "host": host.name, "host_id": host.pk, "provider": host.provider.name, "state": host.state,
+            "verdict": None, "rule": "", "gpu_temp_c": None, "checked_at": None, "clusters": 0,
+        }
+        for host in hosts
+    }  # fmt: skip
+    nodes = ClusterNode.objects.filter(
+        host_id__in=rows, released_at__isnull=True, cluster__status__in=[ClusterStatus.READY, ClusterStatus.DEGRADED]
+    ).select_related("health")  # fmt: skip
+    for node in nodes:
+        row = rows[node.host_id]
+        row["clusters"] += 1
+        health = getattr(node, "health", None)
+        if health is None:
+            continue
+        if row["verdict"] is None or _VERDICT_RANK[health.verdict] > _VERDICT_RANK[row["verdict"]]:
+            row["verdict"], row["rule"] = health.verdict, health.rule
+        temp = (health.readings or {}).get("gpu_temp_c")
+        if temp is not None and (row["gpu_temp_c"] is None or temp > row["gpu_temp_c"]):
+            row["gpu_temp_c"] = temp
+        checked = health.checked_at.isoformat()
+        row["checked_at"] = max(row["checked_at"] or checked, checked)
+    return list(rows.values())
+
+
+def overview_snapshot(user) -> dict:
+    """What the overview page shows, as its websocket sends it (on connect and after every change)."""
+    return {"kind": "overview", "counts": overview_counts(user), "hosts": provider_host_health(user)}
+
+
 @login_required
 def overview(request):
-    """Live counts (the counts panel refreshes itself every few seconds through htmx)."""
-    context = {"counts": overview_counts(request.user)}
-    if request.htmx:
-        return render(request, "clusters/_overview_counts.html", context)
-    return render(request, "clusters/overview.html", context)
+    """Counts and the provider's host health, rendered once; the page then follows ws/overview/."""
+    return render(request, "clusters/overview.html", overview_snapshot(request.user))

@@ -63,6 +63,7 @@ def transition(cluster: Cluster, to: str, reason: str = "", extra: dict | None =
         realtime.broadcast(
             f"cluster-{cluster.pk}", {"kind": "status", "status": cluster.status, "reason": reason}
         )
+        realtime.overview_changed("cluster")
 
     return statemachine.apply(
         cluster, to, CLUSTER_TRANSITIONS, field="status", extra=extra, record=record, after_commit=announce

@@ -244,3 +244,4 @@ def _announce(cluster: Cluster, nodes: list[ClusterNode], judgements: dict) -> N
         for node in nodes
     ]
     realtime.broadcast(f"cluster-{cluster.pk}", {"kind": "health", "ts": now, "nodes": payload})
+    realtime.overview_changed("health")

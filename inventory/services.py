@@ -98,6 +98,11 @@ def visible_providers(user: AbstractBaseUser) -> QuerySet[Provider]:
     return Provider.objects.filter(mine)
 
 
+def managed_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
+    """Hosts of the providers `user` acts for (platform admins: all): what a provider admin looks after."""
+    return Host.objects.filter(provider__in=managed_providers(user))
+
+
 def visible_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
     """Provider admins see their own hosts in every state; researchers see what they could get."""
     if is_platform_admin(user):

@@ -71,6 +71,7 @@ def transition_host(
 
     def announce() -> None:
         realtime.broadcast(f"host-{host.pk}", {"kind": "state", "state": host.state, "reason": reason})
+        realtime.overview_changed("host")
 
     from inventory.services import bump_capacity_version  # services import this module
 

@@ -28,3 +28,14 @@ def broadcast(group: str, event: dict) -> None:
             logger.warning("broadcast to %s failed", group, exc_info=True)
 
     transaction.on_commit(send)
+
+
+#: The health overview's group: every overview page listens; each recomputes what its user may see.
+OVERVIEW_GROUP = "overview"
+
+
+def overview_changed(what: str) -> None:
+    """Tell overview pages that counts may have moved (a cluster status, a node verdict, a host state).
+
+    The event carries no data: each overview socket recomputes its own user's view (teams, providers)."""
+    broadcast(OVERVIEW_GROUP, {"kind": "changed", "what": what})

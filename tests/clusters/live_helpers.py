@@ -48,13 +48,13 @@ def worker_and_beat(tmp_path, interval_s: float):
 class Listener:
     """A websocket to one cluster, read on its own thread and event loop; every message is kept."""
 
-    def __init__(self, user=None, cluster_id: int = 0, headers=None, query: str = ""):
+    def __init__(self, user=None, cluster_id: int = 0, headers=None, query: str = "", path: str = ""):
         self.messages: list[dict] = []
         self.connected: bool | None = None
         self.close_code = None
         self._stop = threading.Event()
         self._ready = threading.Event()
-        path = f"/ws/clusters/{cluster_id}/" + (f"?{query}" if query else "")
+        path = (path or f"/ws/clusters/{cluster_id}/") + (f"?{query}" if query else "")
         self._args = (user, path, headers or [])
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()

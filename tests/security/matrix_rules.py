@@ -166,4 +166,11 @@ ROUTES: dict[str, Rule] = {
 }
 
 # Websocket routes (voltweb.routing): the route's path -> target.
-WS_ROUTES = {"ws/hosts/<int:host_id>/": "private_host", "ws/clusters/<int:cluster_id>/": "cluster", "": "nobody"}
+# ws/overview/: anyone signed in; what it sends is filtered per user (test_overview_live.py checks that a
+# provider admin's host health holds their hosts only).
+WS_ROUTES = {
+    "ws/hosts/<int:host_id>/": "private_host",
+    "ws/clusters/<int:cluster_id>/": "cluster",
+    "ws/overview/": "page",
+    "": "nobody",
+}
