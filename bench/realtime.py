@@ -47,6 +47,7 @@ def setup(workdir: Path) -> dict:
         "VOLT_DATA_DIR": str(workdir),
         "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
         "VOLT_AUTO_PROVISION": "0",
+        "VOLT_ALLOW_LOCAL_HOSTS": "1",  # the sweep part registers local hosts (no Ray)
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DEBUG": "1",
         "LOG_LEVEL": "WARNING",

@@ -51,3 +51,10 @@ def current_id() -> str:
     from django.conf import settings
 
     return install_id(settings.VOLT_DATA_DIR)
+
+
+def channel_prefix(redis_url: str) -> str:
+    """The websocket channel layer's prefix for this Redis URL. The layer uses Redis pub/sub, whose channels
+    are server-wide (not per database index): installs on one server, each on its own database, must not
+    hear each other's `cluster-1`."""
+    return "volt" + hashlib.sha256(redis_url.encode()).hexdigest()[:8] + ":"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
@@ -23,7 +25,9 @@ def broadcast(group: str, event: dict) -> None:
         if layer is None:
             return
         try:
-            async_to_sync(layer.group_send)(group, {"type": "volt.event", "event": event})
+            # Encoded once here, not once per subscriber: sockets that forward as is send `text`.
+            text = json.dumps(event, cls=DjangoJSONEncoder)
+            async_to_sync(layer.group_send)(group, {"type": "volt.event", "event": event, "text": text})
         except Exception:  # noqa: BLE001 - see docstring
             logger.warning("broadcast to %s failed", group, exc_info=True)
 

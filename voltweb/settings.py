@@ -198,10 +198,14 @@ CACHES = {
     }
 }
 
+# Redis pub/sub: a group_send is one PUBLISH, and each web process receives it once and hands it to its
+# local sockets. (The list-based RedisChannelLayer stores one copy per subscriber and the web process pops
+# them one round trip at a time: 1,000 subscribers of one cluster cost 1,000 pops per event.) Nothing is
+# queued for a socket that is gone: pages restore from the snapshot on reconnect (DESIGN.md).
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 500, "expiry": 30},
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": namespace.channel_prefix(REDIS_URL)},
     }
 }
 

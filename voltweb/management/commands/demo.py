@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from voltweb import embedded_redis
+from voltweb import embedded_redis, namespace
 
 
 class Command(BaseCommand):
@@ -205,6 +205,7 @@ def _use_redis(url: str) -> None:
     settings.REDIS_URL = settings.CELERY_BROKER_URL = url
     settings.CACHES["default"]["LOCATION"] = url
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [url]
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = namespace.channel_prefix(url)
     celery_app.conf.broker_url = url
     try:
         del caches["default"]
