@@ -281,6 +281,12 @@ class Cluster:
         (self.down.add if down else self.down.discard)(host_id)
         self._index(host)
 
+    def partly_used(self, running_on: dict[str, set[int]], jobs: list[Job]) -> tuple[int, int]:
+        """(up hosts with some but not all GPUs free, those of them on which a multi-node job runs)."""
+        hosts = [i for i, h in self.hosts.items() if i not in self.down and 0 < h.free_count() < h.total_gpus]
+        multi = sum(any(jobs[j].request.nodes > 1 for j in running_on.get(i, ())) for i in hosts)
+        return len(hosts), multi
+
     def stranded(self, gpus: int) -> int:
         """Free GPUs on up hosts that cannot give a node of `gpus` GPUs."""
         return sum(
@@ -320,6 +326,7 @@ def simulate(hosts, trace, outages, policy: str, hours: float, median_gpus: int)
     running_on: dict[str, set[int]] = {}
     busy_area = up_area = 0.0
     stranded: list[int] = []
+    partial: list[tuple[int, int]] = []  # per sample: (partly used hosts, of them holding a multi-node job)
     last = 0.0
     horizon = hours * 3600
     started = time.perf_counter()
@@ -351,11 +358,19 @@ def simulate(hosts, trace, outages, policy: str, hours: float, median_gpus: int)
             state.set_down(outages[number][2], False)
         elif kind == "sample":
             stranded.append(state.stranded(median_gpus))
+            partial.append(state.partly_used(running_on, jobs))
             continue
         _drain(state, queue, now, events, running_on)
     busy_area += state.busy * (horizon - last)
     up_area += state.total * (horizon - last)
-    return _figures(policy, jobs, queue, busy_area, up_area, stranded, horizon, time.perf_counter() - started)
+    figures = _figures(
+        policy, jobs, queue, busy_area, up_area, stranded, horizon, time.perf_counter() - started
+    )
+    figures["partly_used_hosts"] = round(sum(p for p, _ in partial) / max(1, len(partial)), 1)
+    figures["partly_used_by_multi_node"] = round(
+        sum(m for _, m in partial) / max(1, sum(p for p, _ in partial)), 3
+    )
+    return figures
 
 
 def _preempt(state: Cluster, job: Job, now: float, queue: list[Job], running_on) -> None:
@@ -437,6 +452,7 @@ def main() -> None:
         print(f"  {policy}: done in {results[policy]['sim_seconds']} s", flush=True)
     columns = ["policy", "started", "still_queued", "multi_node_plans", "in_block_share", "in_fabric_share"]
     columns += ["mean_busbw_gbps", "utilisation", "mean_wait_s", "p95_wait_s", "stranded_gpus"]
+    columns += ["partly_used_hosts", "partly_used_by_multi_node"]
     print_table(list(results.values()), columns)
     summary = {
         "bench": "churn",
