@@ -216,8 +216,9 @@ class Cluster:
     """The simulated inventory under one policy: free GPUs per host, hosts up, and for Volt one index
     kept current by Inventory.update (a down host is indexed with no free GPUs)."""
 
-    def __init__(self, hosts: list[HostSnapshot], policy: str):
+    def __init__(self, hosts: list[HostSnapshot], policy: str, price_band: float = 0.0):
         self.policy = policy
+        self.price_band = price_band
         self.hosts = {h.host_id: h for h in hosts}
         self.by_model: dict[str, list[str]] = {}  # listing order per model (first fit walks it)
         for host in hosts:
@@ -251,7 +252,7 @@ class Cluster:
         if not self.could_fit(request):
             return None
         if self.policy == "volt":
-            result = plan(request, self.index, validate_inventory=False)
+            result = plan(request, self.index, validate_inventory=False, price_band=self.price_band)
         else:
             listed = [self.hosts[i] for i in self.by_model[request.models[0]] if i not in self.down]
             result = (first_fit if self.policy == "first_fit" else best_fit)(request, listed)
@@ -306,9 +307,11 @@ def _domains(host: HostSnapshot, free: set[int]) -> tuple[tuple[int, ...], ...]:
     return (tuple(sorted(free)),)  # the bench's NVLink hosts have one domain of all their GPUs
 
 
-def simulate(hosts, trace, outages, policy: str, hours: float, median_gpus: int) -> dict:
+def simulate(
+    hosts, trace, outages, policy: str, hours: float, median_gpus: int, price_band: float = 0.0
+) -> dict:
     """Replay the trace under `policy`; the figures the module docstring lists."""
-    state = Cluster(hosts, policy)
+    state = Cluster(hosts, policy, price_band)
     jobs = [
         Job(n, at, duration, request, remaining_s=duration) for n, (at, duration, request) in enumerate(trace)
     ]
@@ -435,6 +438,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--flat-prices", action="store_true", help="one price per model, every provider")
+    parser.add_argument("--price-band", type=float, default=0.0, help="Volt's VOLT_PLACEMENT_PRICE_BAND")
     args = parser.parse_args()
     hosts = generate_inventory(args.hosts, args.seed, args.flat_prices)
     trace = generate_trace(hosts, args.hours, args.load, args.seed)
@@ -448,7 +452,9 @@ def main() -> None:
     print(f"median request {median.nodes}x{median.gpus_per_node}; {len(outages)} host failures")
     results = {}
     for policy in args.policies.split(","):
-        results[policy] = simulate(hosts, trace, outages, policy, args.hours, median.gpus_per_node)
+        results[policy] = simulate(
+            hosts, trace, outages, policy, args.hours, median.gpus_per_node, args.price_band
+        )
         print(f"  {policy}: done in {results[policy]['sim_seconds']} s", flush=True)
     columns = ["policy", "started", "still_queued", "multi_node_plans", "in_block_share", "in_fabric_share"]
     columns += ["mean_busbw_gbps", "utilisation", "mean_wait_s", "p95_wait_s", "stranded_gpus"]
@@ -461,7 +467,11 @@ def main() -> None:
         "requests": len(trace),
         "hours": args.hours,
     }
-    summary["load"], summary["flat_prices"] = args.load, args.flat_prices
+    summary["load"], summary["flat_prices"], summary["price_band"] = (
+        args.load,
+        args.flat_prices,
+        args.price_band,
+    )
     summary["policies"] = {p: {k: v for k, v in r.items() if k != "policy"} for p, r in results.items()}
     if "volt" in results:
         volt = results["volt"]

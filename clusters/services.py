@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import asdict, replace
 from decimal import Decimal
 
+from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.db import transaction
@@ -410,10 +411,11 @@ def _plan(
     measured = measured_bandwidth()
     try:
         narrow = candidate_inventory(request, team_id=team_id)
-        result = placement.plan(request, narrow, measured, validate_inventory=False)
+        band = django_settings.VOLT_PLACEMENT_PRICE_BAND
+        result = placement.plan(request, narrow, measured, validate_inventory=False, price_band=band)
         if isinstance(result, placement.Refusal):  # rare: look again with every host to explain why
             wide = candidate_inventory(request, narrow=False, team_id=team_id)
-            result = placement.plan(request, wide, measured, validate_inventory=False)
+            result = placement.plan(request, wide, measured, validate_inventory=False, price_band=band)
     except placement.InvalidRequest as exc:
         raise InvalidSpec(exc.problems) from None
     return _explain_other_teams(request, team_id, result)

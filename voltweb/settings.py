@@ -274,6 +274,9 @@ VOLT_PROBE_MAX_MB = env_int("VOLT_PROBE_MAX_MB", 256, minimum=1)
 VOLT_PROBE_ITERS = env_int("VOLT_PROBE_ITERS", 10, minimum=1)
 VOLT_PROBE_TIMEOUT_S = env_float("VOLT_PROBE_TIMEOUT_S", 600.0, minimum=10.0, maximum=7200.0)
 # A cluster whose measured busbw is below this share of the prediction is flagged.
+# Placement across candidate domains: plans priced at most this fraction above the cheapest count as equal
+# and the tightest fit wins (keeps large blocks whole: bench/churn.py). 0 = strict price order.
+VOLT_PLACEMENT_PRICE_BAND = env_float("VOLT_PLACEMENT_PRICE_BAND", 0.0, minimum=0.0, maximum=1.0)
 VOLT_PROBE_MIN_FRACTION = env_float("VOLT_PROBE_MIN_FRACTION", 0.5, minimum=0.0, maximum=1.0)
 # A flagged cluster whose probe names one host as the slowest (a figure below this share of the other
 # hosts' median) gets that host replaced before READY, up to this many times per cluster (0: never).

@@ -233,7 +233,7 @@ def _level_note(level: str, total: int, fits: int, short: int, best: float, node
 
 
 def _search(
-    usable: list[_Usable], shape: _Shape, request: PlacementRequest, scope: _Scope
+    usable: list[_Usable], shape: _Shape, request: PlacementRequest, scope: _Scope, price_band: float = 0.0
 ) -> tuple[_Option | None, list[str]]:
     """The best option inside one tier, and notes on the levels tried; (None, notes) if none fits."""
     nodes, gpus = request.nodes, request.gpus_per_node
@@ -253,7 +253,32 @@ def _search(
         notes = [_cheapest_note(request, scope.level_index, len(fitting))]
     if not options:
         return None, notes
-    return min(options, key=lambda option: option.rank(collective)), notes
+    best = min(options, key=lambda option: option.rank(collective))
+    banded = _within_band(options, best, collective, price_band)
+    if banded is not best:
+        notes.append(
+            f"prices within {price_band:.0%} of the cheapest count as equal (VOLT_PLACEMENT_PRICE_BAND): the "
+            f"tighter fit at ${banded.price_per_hour:.2f}/hour beats ${best.price_per_hour:.2f}/hour"
+        )
+    return banded, notes
+
+
+def _within_band(options: list[_Option], best: _Option, collective: bool, band: float) -> _Option:
+    """With a price band: among the options as good as `best` on bandwidth (collective requests) and
+    priced at most `band` above it, the best fit (rule 6), then the cheaper, then primary keys. Packing
+    whole blocks into partly used ones keeps large contiguous capacity for later requests, which strict
+    price order across domains gave away (bench/churn.py)."""
+    if band <= 0:
+        return best
+    ceiling = best.price_per_hour * (1 + band) + 1e-9
+    pool = [
+        o
+        for o in options
+        if o.price_per_hour <= ceiling and (not collective or (o.busbw or 0.0) == (best.busbw or 0.0))
+    ]
+    return min(
+        pool, key=lambda o: (o.fit, round(o.price_per_hour, 6), tuple(sorted(e.id_key for e in o.entries)))
+    )
 
 
 def _cheapest_note(request: PlacementRequest, level_index: int, fitting: int) -> str:
@@ -264,7 +289,11 @@ def _cheapest_note(request: PlacementRequest, level_index: int, fitting: int) ->
 
 
 def _place_model(
-    inventory: Inventory, request: PlacementRequest, model: str, measured: Measured | None
+    inventory: Inventory,
+    request: PlacementRequest,
+    model: str,
+    measured: Measured | None,
+    price_band: float = 0.0,
 ) -> tuple[_Choice | None, list[str]]:
     """`model`'s best option over the tiers in preference order, and the explanation of the search."""
     shape = inventory.shape(model, request.gpus_per_node)
@@ -273,7 +302,7 @@ def _place_model(
     for tier, scope in enumerate(_scopes(request)):
         if scope.kinds not in usable_by_kinds:
             usable_by_kinds[scope.kinds] = _usable_groups(shape, request, scope.kinds, measured)
-        option, notes = _search(usable_by_kinds[scope.kinds], shape, request, scope)
+        option, notes = _search(usable_by_kinds[scope.kinds], shape, request, scope, price_band)
         lines = [f"{model}: {note}" for note in ([scope.note] if scope.note else []) + notes]
         tried += [line for line in lines if line not in tried]  # a fall-back tier re-tries finer levels
         if option is not None:
@@ -318,8 +347,13 @@ def plan(
     hosts: Inventory | Iterable[HostSnapshot],
     measured: Measured | None = None,
     validate_inventory: bool = True,
+    price_band: float = 0.0,
 ) -> Plan | Refusal:
     """Place `request` on `hosts` (an Inventory, or snapshots to index); raise InvalidRequest.
+
+    `price_band` (a fraction, VOLT_PLACEMENT_PRICE_BAND): between candidate domains, options priced at
+    most this much above the cheapest count as equal and the best fit among them wins; 0 is strict price
+    order (rule 5).
 
     `measured` maps ("block"|"fabric"|"site"|"region"|"global", id) to a measured busbw in GB/s
     that replaces the declared figure of that domain.
@@ -332,7 +366,7 @@ def plan(
     skipped: list[str] = []
     tried: list[str] = []
     for model in request.models:
-        choice, notes = _place_model(inventory, request, model, measured)
+        choice, notes = _place_model(inventory, request, model, measured, price_band)
         if choice is None:
             skipped += _model_refusal(request, inventory, model)
             tried += notes

@@ -227,3 +227,25 @@ def test_an_index_kept_current_by_update_plans_like_a_fresh_one():
             assert type(ours) is type(theirs)
             if isinstance(ours, Plan):
                 assert (ours.nodes, ours.price_per_hour) == (theirs.nodes, theirs.price_per_hour)
+
+
+def test_a_price_band_fills_a_partly_used_block_before_opening_a_cheaper_whole_one():
+    """bench/churn.py: strict price order across blocks sends a 2-node job of 4-GPU nodes to a cheaper
+    block of whole hosts while half-used hosts wait in a dearer one, and whole hosts are what 8-GPU nodes
+    need later. Within VOLT_PLACEMENT_PRICE_BAND the tighter fit wins, and the explanation says why."""
+    half = (tuple(range(4)),)
+    hosts = [
+        host("1", "cheap", fabric="f2", price=2.0),
+        host("2", "cheap", fabric="f2", price=2.0),
+        host("3", "dear", fabric="f1", price=2.3, free=half),
+        host("4", "dear", fabric="f1", price=2.3, free=half),
+    ]
+    ask = PlacementRequest(nodes=2, gpus_per_node=4, models=("H100",), parallelism="data_parallel")
+
+    strict, banded = plan(ask, hosts), plan(ask, hosts, price_band=0.2)
+
+    assert set(strict.host_ids) == {"1", "2"}  # the default: strict price order
+    assert set(banded.host_ids) == {"3", "4"}  # 15% dearer, and the whole hosts stay whole
+    assert banded.predicted_busbw_gbps == strict.predicted_busbw_gbps
+    assert any("count as equal" in line for line in banded.explanation)
+    assert set(plan(ask, hosts, price_band=0.1).host_ids) == {"1", "2"}  # beyond the band: price decides

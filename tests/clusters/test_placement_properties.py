@@ -287,6 +287,32 @@ def test_plan_keeps_constraints_and_matches_brute_force(data):
     assert rank(request, tuple(by_id[i] for i in result.host_ids), hosts, measured) == expected
 
 
+@settings(max_examples=int(os.environ.get("PLACEMENT_EXAMPLES", 300)) // 2, deadline=None)
+@given(data=st.data(), band=st.sampled_from([0.1, 0.2, 0.5]))
+def test_a_price_band_keeps_the_constraints_and_the_bandwidth_and_pays_at_most_the_band(data, band):
+    """VOLT_PLACEMENT_PRICE_BAND: the banded plan keeps every hard constraint, the strict plan's tier and
+    (collective work) its busbw, costs at most `band` more, and fits at least as tightly when it costs more."""
+    hosts = data.draw(inventories())
+    request = data.draw(requests(hosts))
+    measured = data.draw(measurements(hosts))
+    try:
+        strict = plan(request, hosts, measured)
+    except InvalidRequest:
+        return
+    banded = plan(request, hosts, measured, price_band=band)
+    assert isinstance(banded, Plan) == isinstance(strict, Plan)
+    if not isinstance(strict, Plan):
+        return
+    assert_plan_keeps_hard_constraints(request, banded, hosts, measured)
+    assert banded.price_per_hour <= strict.price_per_hour * (1 + band) + 1e-6
+    if request.parallelism in COLLECTIVE and request.nodes > 1:
+        assert banded.predicted_busbw_gbps == pytest.approx(strict.predicted_busbw_gbps)
+    by_id = {h.host_id: h for h in hosts}
+    if banded.price_per_hour > strict.price_per_hour + 1e-6 and banded.model == strict.model:
+        chosen = [tuple(by_id[i] for i in p.host_ids) for p in (banded, strict)]
+        assert fit(request, chosen[0], hosts) <= fit(request, chosen[1], hosts)
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_baselines_keep_hard_constraints_but_never_beat_the_engine_on_bandwidth(data):
