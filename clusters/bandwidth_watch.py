@@ -22,7 +22,7 @@ from clusters import metrics, ray_head
 from clusters.choices import WATCHED, ClusterStatus, MetricSource
 from clusters.models import Cluster, ClusterEvent
 from clusters.probes import allreduce
-from clusters.provision import active_nodes
+from clusters.provision import active_nodes, python_for
 from clusters.provisioning import ray_nodes
 from inventory.choices import DriverKind
 from voltweb import realtime
@@ -191,6 +191,4 @@ def _timeline(cluster: Cluster, message: str) -> None:
 
 
 def _python(host) -> str:
-    import sys
-
-    return sys.executable if host.driver == DriverKind.LOCAL else settings.VOLT_HOST_PYTHON
+    return python_for(host)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import shlex
 import socket
-import sys
+import time
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -38,6 +38,7 @@ from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-e
     ray_cluster_id,
     shared_storage_dir,
 )
+from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind, HostState
 from inventory.drivers.base import DriverError, fan_out
@@ -120,6 +121,11 @@ def _abandon(cluster: Cluster) -> Cluster:
 
 def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
     attempts = settings.VOLT_PROVISION_ATTEMPTS
+    if any(node.host.driver == DriverKind.LOCAL for node in active_nodes(cluster)):
+        try:  # a runtime that does not match Volt's pins fails every host alike: no replacement helps
+            local_runtime.python_for_local_hosts()
+        except local_runtime.RuntimeMismatch as exc:
+            return fail(cluster, FailureReason.CONFIG_INVALID, str(exc))
     for attempt in range(1, attempts + 1):
         try:
             bring_up(cluster)
@@ -215,7 +221,7 @@ def _start(
         "gpu_indices": node.gpu_indices,
         "host_id": node.host_id,
         "temp_dir": tenancy.node_temp_dir(cluster, node),
-        "python": _python_for(node.host),
+        "python": python_for(node.host),
         "env": {**_node_env(node.host), **_join_patience(head_address)},
         "auth_token": ray_auth_token(cluster),
         "run_as": run_as if local else None,
@@ -258,8 +264,13 @@ def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.Node
     )
 
 
-def _python_for(host: Host) -> str:
-    return sys.executable if host.driver == DriverKind.LOCAL else settings.VOLT_HOST_PYTHON
+def python_for(host: Host) -> str:
+    """The Python a host runs Ray, the probe and job drivers from (DESIGN.md "Host runtime")."""
+    return (
+        local_runtime.python_for_local_hosts()
+        if host.driver == DriverKind.LOCAL
+        else settings.VOLT_HOST_PYTHON
+    )
 
 
 def _node_env(host: Host) -> dict[str, str]:
@@ -391,11 +402,12 @@ def verify(cluster: Cluster) -> Cluster:
         settings.VOLT_PROBE_MAX_MB,
         settings.VOLT_PROBE_ITERS,
         warmup=_PROBE_WARMUP,
-        python=_python_for(nodes[0].host),
+        python=python_for(nodes[0].host),
         expected_nodes=len(nodes),
         env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
         plan=plan,
     )
+    submitted = time.time()
     try:
         status, logs = ray_nodes.submit_job(
             cluster.dashboard_url,
@@ -407,6 +419,8 @@ def verify(cluster: Cluster) -> Cluster:
         result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
     except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:
         status, logs, result = "ERROR", str(exc), None
+    if result is not None:
+        allreduce.add_submission_times(result, submitted, time.time())
     if result is None:
         tail = "\n".join(logs.strip().splitlines()[-5:])
         return fail(cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {status.lower()}: {tail}")

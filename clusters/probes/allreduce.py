@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "VOLT_PROBE_RESULT "
+_STARTED_UNIX = time.time()  # the job's driver process is up (before `import ray`): phases count from here
 MB = 1 << 20
 _GROUP_TIMEOUT = timedelta(seconds=120)
 _RAY_TIMEOUT_S = 600.0
@@ -87,6 +88,16 @@ def probe_job(
     if env_vars:
         runtime_env["env_vars"] = dict(env_vars)
     return " ".join(args), runtime_env
+
+
+def add_submission_times(result: dict[str, Any], submitted_unix: float, finished_unix: float) -> None:
+    """The caller's side of where the probe's time went: submission -> the driver process up (Ray's job
+    supervisor, the working_dir upload and unpacking, the driver's Python start) and the whole job as
+    the caller saw it (`job_s`, with its status polling and log fetch)."""
+    phases = result.setdefault("phases_s", {})
+    if "started_unix" in result:
+        phases["to_driver_s"] = round(max(0.0, result["started_unix"] - submitted_unix), 3)
+    result["job_s"] = round(finished_unix - submitted_unix, 3)
 
 
 def parse_result(logs: str) -> dict[str, Any]:
@@ -474,6 +485,14 @@ def run_probe(
     import ray
 
     started_at = time.perf_counter()
+    phases: dict[str, float] = {}
+    mark = [started_at]
+
+    def lap(name: str) -> None:  # where the probe's time goes (stored with its result)
+        now = time.perf_counter()
+        phases[name] = round(now - mark[0], 3)
+        mark[0] = now
+
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = sorted(
@@ -494,16 +513,19 @@ def run_probe(
         return ray.get(refs, timeout=_RAY_TIMEOUT_S)
 
     infos = get([rank.info.remote() for rank in ranks])
+    lap("actors_s")  # a worker process per node with the job's runtime env, `import torch` in it
     if backend == "auto":
         backend = "nccl" if all(info["cuda"] for info in infos) else "gloo"
     world, sizes = len(ranks), list(sizes or message_sizes(max_mb))
     port = get(ranks[0].host_store.remote(world))
     master = infos[0]["node_ip"]
     correct = get([rank.join.remote(i, world, master, port, backend) for i, rank in enumerate(ranks)])
+    lap("join_s")  # the process group (gloo/nccl rendezvous, the correctness all-reduce)
     try:
         sweep_budget = budget_s * _SWEEP_SHARE if budget_s else None
         times = get([rank.allreduce_times.remote(sizes, iters, warmup, sweep_budget) for rank in ranks])
         sizes = sizes[: min(len(t) for t in times)]  # the sizes that ran
+        lap("sweep_s")
         # One host at a time, then disjoint links at once: no two measured things share a host. Rounds
         # go round-robin, so a host's windows lie apart in time and a burst of load elsewhere that
         # spoils one of them does not spoil the other: the best window counts.
@@ -523,8 +545,10 @@ def run_probe(
                 for pair, (ref_a, ref_b) in zip(group, refs, strict=True):
                     link_rates[pair] = max(link_rates[pair], min(get([ref_a, ref_b])))
         links = [(a, b, link_rates[(a, b)]) for a, b in pairs]
+        lap("hosts_s")
     finally:
         get([rank.close.remote() for rank in ranks])
+    lap("close_s")
     node_ips = [info["node_ip"] for info in infos]
     return summarize(
         world, backend, sizes, times,
@@ -533,7 +557,7 @@ def run_probe(
         links=[{"ranks": [a, b], "gbps": gbps} for a, b, gbps in links],
         sizes_bytes=sizes, link_bytes=link_size, local_bytes=local_size, budget_s=budget_s,
         link_groups=[[list(pair) for pair in group] for group in groups],
-        elapsed_s=time.perf_counter() - started_at,
+        elapsed_s=time.perf_counter() - started_at, phases_s=phases,
     )  # fmt: skip
 
 
@@ -561,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     ray.init(log_to_driver=False)  # inside the job: the job supervisor sets RAY_ADDRESS
+    driver_ready_unix = time.time()
     try:
         summary = run_probe(
             args.max_mb,
@@ -577,6 +602,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         ray.shutdown()
+    # `import ray` + ray.init() in the driver; the caller adds submission -> driver start (started_unix).
+    summary["phases_s"] = {
+        "driver_init_s": round(driver_ready_unix - _STARTED_UNIX, 3),
+        **summary["phases_s"],
+    }
+    summary["started_unix"] = _STARTED_UNIX
     print(RESULT_PREFIX + json.dumps(summary), flush=True)
     return 0 if summary["correct"] else 1
 
