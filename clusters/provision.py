@@ -427,6 +427,8 @@ def verify(cluster: Cluster) -> Cluster:
         return fail(cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {status.lower()}: {tail}")
     _still_wanted(cluster)
     result["links_emulated"] = not local or inventory.links_emulated()
+    if local and result["links_emulated"]:  # the figures are at this scale (the page says so)
+        result["fabric_scale"] = inventory.bandwidth_scale(DriverKind.LOCAL)
     message = _probe_summary(cluster, result)
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     node = next((n for n in nodes if slow and n.host.address == slow["node_ip"]), None)
