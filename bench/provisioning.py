@@ -44,6 +44,8 @@ def setup(workdir: Path, hosts: int) -> None:
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "voltweb.settings",
+            "DEBUG": "1",  # a dev run like the demo (DEBUG=0 wants a real SECRET_KEY since issue 9)
+            "VOLT_ALLOW_LOCAL_HOSTS": "1",  # off by default since issue 9; the bench adds them as Volt
             "VOLT_DATA_DIR": str(workdir),
             "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
             "VOLT_AUTO_PROVISION": "0",
@@ -111,7 +113,10 @@ def volt_run(nodes: int) -> dict:
     probe = (events["ready"] - events["verifying"]).total_seconds() if "verifying" in events else 0.0
     hosts = [n.host for n in cluster.nodes.filter(released_at__isnull=True).select_related("host__provider")]
     services.terminate_cluster(cluster, wait=True)
+    result = cluster.probe_result or {}
     return {
+        "probe_phases_s": result.get("phases_s", {}),
+        "probe_job_s": result.get("job_s"),
         "seconds": round(total, 2),
         "probe_seconds": round(probe, 2),
         "busbw_gbps": cluster.measured_busbw_gbps,
@@ -123,7 +128,7 @@ def volt_run(nodes: int) -> dict:
 def baseline_run(hosts, slot_base: int) -> float:
     """Plain `ray start`: the head, then all workers at once, until the head reports every node ALIVE."""
     from clusters.provisioning import ray_nodes
-    from inventory import services
+    from inventory import local_runtime, services
     from inventory.drivers.base import fan_out
 
     drivers = [services.driver_for(host) for host in hosts]
@@ -134,7 +139,7 @@ def baseline_run(hosts, slot_base: int) -> float:
             "ports": ray_nodes.ports_for(slot_base + i),
             "num_gpus": 2,
             "temp_dir": f"/tmp/volt-ray/base-{slot_base + i}",
-            "python": sys.executable,
+            "python": local_runtime.python_for_local_hosts(),  # the Python Volt's nodes run from
             "env": {"GLOO_SOCKET_IFNAME": "lo"},
         }
         for i in range(len(hosts))
@@ -195,6 +200,11 @@ def main() -> None:
     )
 
 
+def _median_or_none(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 2) if present else None
+
+
 def _spread(values) -> list[float]:
     return [round(min(values), 2), round(max(values), 2)]
 
@@ -212,6 +222,11 @@ def _measure(sizes: list[int], repeats: int) -> list[dict]:
             volts.append(volt)
             if not round_ % 2:
                 bases.append(baseline_run(hosts, slot_base=80))
+            print(
+                f"  {nodes} node(s) round {round_ + 1}: Volt {volt['seconds']} s (probe {volt['probe_seconds']} s:"
+                f" job {volt['probe_job_s']} s, {volt['probe_phases_s']}), ray start {bases[-1]} s",
+                flush=True,
+            )
         volt_s = statistics.median(v["seconds"] for v in volts)
         probe_s = statistics.median(v["probe_seconds"] for v in volts)
         base = statistics.median(bases)
@@ -231,6 +246,11 @@ def _measure(sizes: list[int], repeats: int) -> list[dict]:
                 "probe_spread_s": _spread([v["probe_seconds"] for v in volts]),
                 "ray_start_spread_s": _spread(bases),
                 "probe_busbw_gbps": statistics.median(v["busbw_gbps"] or 0.0 for v in volts) or None,
+                "probe_job_s": _median_or_none([v["probe_job_s"] for v in volts]),
+                "probe_phases_s": {
+                    phase: _median_or_none([v["probe_phases_s"].get(phase) for v in volts])
+                    for phase in sorted({p for v in volts for p in v["probe_phases_s"]})
+                },
                 "volt_runs_s": [v["seconds"] for v in volts],
                 "slow_hosts_replaced": sum(v["slow_hosts_replaced"] for v in volts),
                 "ray_start_runs_s": bases,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import shlex
 import socket
-import sys
+import time
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -38,6 +38,7 @@ from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-e
     ray_cluster_id,
     shared_storage_dir,
 )
+from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind, HostState
 from inventory.drivers.base import DriverError, fan_out
@@ -120,6 +121,11 @@ def _abandon(cluster: Cluster) -> Cluster:
 
 def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
     attempts = settings.VOLT_PROVISION_ATTEMPTS
+    if any(node.host.driver == DriverKind.LOCAL for node in active_nodes(cluster)):
+        try:  # a runtime that does not match Volt's pins fails every host alike: no replacement helps
+            local_runtime.python_for_local_hosts()
+        except local_runtime.RuntimeMismatch as exc:
+            return fail(cluster, FailureReason.CONFIG_INVALID, str(exc))
     for attempt in range(1, attempts + 1):
         try:
             bring_up(cluster)
@@ -215,7 +221,7 @@ def _start(
         "gpu_indices": node.gpu_indices,
         "host_id": node.host_id,
         "temp_dir": tenancy.node_temp_dir(cluster, node),
-        "python": _python_for(node.host),
+        "python": python_for(node.host),
         "env": {**_node_env(node.host), **_join_patience(head_address)},
         "auth_token": ray_auth_token(cluster),
         "run_as": run_as if local else None,
@@ -258,8 +264,13 @@ def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.Node
     )
 
 
-def _python_for(host: Host) -> str:
-    return sys.executable if host.driver == DriverKind.LOCAL else settings.VOLT_HOST_PYTHON
+def python_for(host: Host) -> str:
+    """The Python a host runs Ray, the probe and job drivers from (DESIGN.md "Host runtime")."""
+    return (
+        local_runtime.python_for_local_hosts()
+        if host.driver == DriverKind.LOCAL
+        else settings.VOLT_HOST_PYTHON
+    )
 
 
 def _node_env(host: Host) -> dict[str, str]:
@@ -372,9 +383,12 @@ def _ports_free(ports: ray_nodes.NodePorts) -> bool:
 # --- verification ------------------------------------------------------------------------------------
 
 
-def probe_job_for(cluster: Cluster, nodes: list[ClusterNode]) -> tuple[str, dict]:
+def probe_job_for(
+    cluster: Cluster, nodes: list[ClusterNode], submitted_unix: float | None = None
+) -> tuple[str, dict]:
     """The all-reduce probe as a Ray job, sized to VOLT_PROBE_BUDGET_S at the cluster's predicted busbw
-    (allreduce.budget_plan): verification and the live probe (on demand, idle) alike."""
+    (allreduce.budget_plan): verification and the live probe (on demand, idle) alike. `submitted_unix`:
+    when the caller submits it (the budget counts from there: Ray's start-up of the job is inside it)."""
     plan = allreduce.budget_plan(
         cluster.predicted_busbw_gbps,
         settings.VOLT_PROBE_BUDGET_S,
@@ -388,10 +402,11 @@ def probe_job_for(cluster: Cluster, nodes: list[ClusterNode]) -> tuple[str, dict
         settings.VOLT_PROBE_MAX_MB,
         settings.VOLT_PROBE_ITERS,
         warmup=_PROBE_WARMUP,
-        python=_python_for(nodes[0].host),
+        python=python_for(nodes[0].host),
         expected_nodes=len(nodes),
         env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
         plan=plan,
+        submitted_unix=submitted_unix,
     )
 
 
@@ -402,7 +417,8 @@ def verify(cluster: Cluster) -> Cluster:
     if len(nodes) == 1:
         return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
     local = nodes[0].host.driver == DriverKind.LOCAL
-    entrypoint, runtime_env = probe_job_for(cluster, nodes)
+    submitted = time.time()  # the budget covers the whole job: Ray's start-up of it included
+    entrypoint, runtime_env = probe_job_for(cluster, nodes, submitted)
     try:
         status, logs = ray_nodes.submit_job(
             cluster.dashboard_url,
@@ -414,11 +430,15 @@ def verify(cluster: Cluster) -> Cluster:
         result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
     except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:
         status, logs, result = "ERROR", str(exc), None
+    if result is not None:
+        allreduce.add_submission_times(result, submitted, time.time())
     if result is None:
         tail = "\n".join(logs.strip().splitlines()[-5:])
         return fail(cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {status.lower()}: {tail}")
     _still_wanted(cluster)
     result["links_emulated"] = not local or inventory.links_emulated()
+    if local and result["links_emulated"]:  # the figures are at this scale (the page says so)
+        result["fabric_scale"] = inventory.bandwidth_scale(DriverKind.LOCAL)
     message = _probe_summary(cluster, result)
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     node = next((n for n in nodes if slow and n.host.address == slow["node_ip"]), None)

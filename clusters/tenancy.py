@@ -13,7 +13,6 @@ Secrets are Fernet-encrypted at rest (voltweb/crypto.py) and generated once per 
 from __future__ import annotations
 
 import secrets
-import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -22,30 +21,25 @@ from django.conf import settings
 
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import node_users
+from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError, HostDriver
 from voltweb import crypto, namespace
 
 NOT_ISOLATED = (
-    "Ray runs as Volt's own Unix user on the local hosts (Volt is not root here, or its Python "
-    "environment is closed to other users, so it cannot run Ray as a user of the cluster's own): its jobs "
-    "are not isolated from Volt's processes"
+    "Ray runs as Volt's own Unix user on the local hosts (Volt is not root here, or there is no local Ray "
+    "runtime other users can run: `manage.py local_runtime` builds it), so it cannot run Ray as a user of "
+    "the cluster's own: its jobs are not isolated from Volt's processes"
 )
 
 
 def environment_open_to_others(python: str | None = None) -> bool:
-    """Whether another Unix user can run Volt's Python (local hosts run Ray from Volt's own environment):
-    every folder above it must be searchable by others. A checkout in a folder closed to others (mode
-    0700, as `mktemp -d` makes) is not, and a cluster user's `ray start` would fail with EACCES."""
-    path = Path(python or sys.executable).absolute()
-    # The venv's python is usually a link to a base interpreter (e.g. under /root/.pyenv, closed to
-    # others): both the link's folders and the interpreter's must be open.
-    for candidate in (path, path.resolve()):
-        for folder in candidate.parents:
-            if not folder.stat().st_mode & 0o001:
-                return False
-    return bool(path.resolve().stat().st_mode & 0o001)
+    """Whether another Unix user can run the Python local hosts run Ray from (default: the local runtime
+    when it is there, else Volt's own): every folder above it, and above the interpreter a venv's python
+    links to, searchable by others. Volt's own venv usually is not (it links into /root/.pyenv, or sits
+    in a `mktemp -d` checkout): then a cluster user's `ray start` would fail with EACCES."""
+    return local_runtime.open_to_others(python or local_runtime.python_for_local_hosts())
 
 
 def ray_cluster_id(cluster: Cluster) -> str:
@@ -85,7 +79,8 @@ def ray_auth_token(cluster: Cluster) -> str:
 def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[HostDriver]) -> str | None:
     """The Unix user the cluster's Ray runs as on its local hosts (created if missing), or None.
 
-    None when it has no local host, when Volt's Python is closed to other users, or when Volt is not root
+    None when it has no local host, when the Python it runs Ray from is closed to other users (no local
+    runtime, inventory/local_runtime.py), or when Volt is not root
     (then Ray runs as Volt's own user: the
     caller says so on the timeline, see NOT_ISOLATED). Local hosts share this machine, so one user
     serves every local node of the cluster. SSH hosts run Ray as their SSH user; a host serves one team

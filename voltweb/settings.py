@@ -294,8 +294,14 @@ if VOLT_LOCAL_FABRIC_EMULATION not in ("auto", "off"):
 VOLT_LOCAL_FABRIC_SCALE = env_float("VOLT_LOCAL_FABRIC_SCALE", 0.00025, minimum=1e-7, maximum=1.0)
 VOLT_LINK_FLAP_PERIOD_S = env_float("VOLT_LINK_FLAP_PERIOD_S", 3.0, minimum=0.5, maximum=600.0)
 VOLT_LINK_FLAP_MAX_S = env_float("VOLT_LINK_FLAP_MAX_S", 3600.0, minimum=1.0, maximum=86400.0)
-# Python that runs `ray start` on ssh hosts (local hosts use this project's interpreter).
+# Python that runs `ray start` on ssh hosts (local hosts use the local runtime, below).
 VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
+# The venv local hosts run Ray, the probe and job drivers from (inventory/local_runtime.py; built by
+# `manage.py local_runtime`). Empty: /opt/volt/runtime-ray<ray>-torch<torch>-py<x.y> if it exists, else
+# Volt's own environment (then a cluster's Unix user cannot be used). Set to a missing folder: refused.
+VOLT_LOCAL_RUNTIME = env_str("VOLT_LOCAL_RUNTIME", "")
+# The system interpreter the runtime is built from (empty: /usr/bin/python<x.y>, /usr/local/bin/...).
+VOLT_LOCAL_RUNTIME_BASE_PYTHON = env_str("VOLT_LOCAL_RUNTIME_BASE_PYTHON", "")
 # Telemetry (clusters/watch.py, clusters/metrics.py, clusters/bandwidth_watch.py).
 VOLT_WATCH_INTERVAL_S = env_float("VOLT_WATCH_INTERVAL_S", 5.0, minimum=1.0, maximum=3600.0)
 VOLT_WATCH_HOST_TIMEOUT_S = env_float("VOLT_WATCH_HOST_TIMEOUT_S", 4.0, minimum=0.5, maximum=600.0)

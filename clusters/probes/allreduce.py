@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "VOLT_PROBE_RESULT "
+_STARTED_UNIX = time.time()  # the job's driver process is up (before `import ray`): phases count from here
 MB = 1 << 20
 _GROUP_TIMEOUT = timedelta(seconds=120)
 _RAY_TIMEOUT_S = 600.0
@@ -67,6 +68,7 @@ def probe_job(
     expected_nodes: int | None = None,
     env_vars: Mapping[str, str] | None = None,
     plan: ProbePlan | None = None,
+    submitted_unix: float | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The (entrypoint, runtime_env) to submit this probe as a Ray job.
 
@@ -80,6 +82,8 @@ def probe_job(
                  "--local-bytes", str(plan.local_bytes), "--budget-s", f"{plan.budget_s:g}"]  # fmt: skip
     if expected_nodes is not None:
         args += ["--nodes", str(expected_nodes)]
+    if submitted_unix is not None:  # the budget counts from here: Ray's job start-up is inside it
+        args += ["--submitted-unix", f"{submitted_unix:.3f}"]
     runtime_env: dict[str, Any] = {
         "working_dir": str(Path(__file__).resolve().parent),
         "excludes": ["__pycache__"],
@@ -87,6 +91,16 @@ def probe_job(
     if env_vars:
         runtime_env["env_vars"] = dict(env_vars)
     return " ".join(args), runtime_env
+
+
+def add_submission_times(result: dict[str, Any], submitted_unix: float, finished_unix: float) -> None:
+    """The caller's side of where the probe's time went: submission -> the driver process up (Ray's job
+    supervisor, the working_dir upload and unpacking, the driver's Python start) and the whole job as
+    the caller saw it (`job_s`, with its status polling and log fetch)."""
+    phases = result.setdefault("phases_s", {})
+    if "started_unix" in result:
+        phases["to_driver_s"] = round(max(0.0, result["started_unix"] - submitted_unix), 3)
+    result["job_s"] = round(finished_unix - submitted_unix, 3)
 
 
 def parse_result(logs: str) -> dict[str, Any]:
@@ -121,6 +135,16 @@ class ProbePlan:
 
 MIN_MESSAGE_BYTES = 64 * 1024
 _SWEEP_SHARE = 0.6  # of the budget; the per-host phase gets the rest
+# The whole job keeps the budget: what Ray's start-up (job supervisor, working_dir, driver, one worker
+# per node, `import torch`) took comes off the measurement, which gets what is left less _FINISH_S
+# (ray.shutdown, the job's end, the caller's status poll and log fetch: ~1 s measured) and shares it:
+# the per-host windows at most _HOST_SHARE (each window costs ~_WINDOW_OVERHEAD_S more: a warm-up and a
+# calibration step, the actor call), the sweep the rest, at least _MIN_SWEEP_S.
+_FINISH_S = 1.0
+_HOST_SHARE = 0.35
+_WINDOW_OVERHEAD_S = 0.15
+_MIN_WINDOW_S = 0.05
+_MIN_SWEEP_S = 0.5
 _SIZES_SPAN = 64  # smallest size = largest / 64 (7 sizes at most)
 # One link-test exchange lasts about this long at the predicted rate: a few fit in a window, and a link
 # far slower than predicted (a fault) still takes seconds, not minutes.
@@ -162,6 +186,27 @@ def budget_plan(
     sizes = tuple(message_sizes_bytes(largest, max(MIN_MESSAGE_BYTES, largest // _SIZES_SPAN)))
     link_bytes = _power_of_two_at_most(min(link, max_bytes, 64 * MB))
     return ProbePlan(sizes, link_bytes, min(max_bytes, 64 * MB), budget_s)
+
+
+def measure_budget(
+    budget_s: float | None, job_started_unix: float | None, windows: int, host_window_s: float
+) -> tuple[float | None, float, float | None]:
+    """(sweep budget, per-host window, seconds the job had spent before measuring).
+
+    Without a start time the sweep gets _SWEEP_SHARE of the budget and the windows stay (the budget
+    then covers the measurement only). With one, the whole job keeps the budget: the measurement gets
+    budget - spent - _FINISH_S, the windows at most _HOST_SHARE of it, the sweep the rest."""
+    if not budget_s:
+        return None, host_window_s, None
+    if job_started_unix is None:
+        return budget_s * _SWEEP_SHARE, host_window_s, None
+    # A clock that disagrees with the caller's (another host) counts as no start-up, at most half.
+    spent = min(max(0.0, time.time() - job_started_unix), budget_s / 2)
+    left = max(0.0, budget_s - spent - _FINISH_S)
+    host_s = min(windows * (host_window_s + _WINDOW_OVERHEAD_S), _HOST_SHARE * left)
+    window = max(_MIN_WINDOW_S, host_s / max(1, windows) - _WINDOW_OVERHEAD_S)
+    sweep = max(_MIN_SWEEP_S, left - windows * (window + _WINDOW_OVERHEAD_S))
+    return round(sweep, 3), round(window, 3), round(spent, 3)
 
 
 def message_sizes_bytes(max_bytes: int, min_bytes: int) -> list[int]:
@@ -469,11 +514,23 @@ def run_probe(
     link_bytes: int | None = None,
     local_bytes: int | None = None,
     budget_s: float | None = None,
+    job_started_unix: float | None = None,
 ):
-    """Run the probe on the connected Ray cluster (call ray.init() first); returns the summary dict."""
+    """Run the probe on the connected Ray cluster (call ray.init() first); returns the summary dict.
+
+    With `budget_s` and `job_started_unix` (when the job was submitted), the measurement gets what the
+    job's start-up left of the budget (`measure_budget`)."""
     import ray
 
     started_at = time.perf_counter()
+    phases: dict[str, float] = {}
+    mark = [started_at]
+
+    def lap(name: str) -> None:  # where the probe's time goes (stored with its result)
+        now = time.perf_counter()
+        phases[name] = round(now - mark[0], 3)
+        mark[0] = now
+
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = sorted(
@@ -494,16 +551,24 @@ def run_probe(
         return ray.get(refs, timeout=_RAY_TIMEOUT_S)
 
     infos = get([rank.info.remote() for rank in ranks])
+    lap("actors_s")  # a worker process per node with the job's runtime env, `import torch` in it
     if backend == "auto":
         backend = "nccl" if all(info["cuda"] for info in infos) else "gloo"
     world, sizes = len(ranks), list(sizes or message_sizes(max_mb))
     port = get(ranks[0].host_store.remote(world))
     master = infos[0]["node_ip"]
     correct = get([rank.join.remote(i, world, master, port, backend) for i, rank in enumerate(ranks)])
+    lap("join_s")  # the process group (gloo/nccl rendezvous, the correctness all-reduce)
     try:
-        sweep_budget = budget_s * _SWEEP_SHARE if budget_s else None
+        groups = link_groups(ring_links(world))
+        windows = host_rounds * (world + len(groups))
+        sweep_budget, host_window_s, spent = measure_budget(
+            budget_s, job_started_unix, windows, host_window_s
+        )
+        lap("plan_s")
         times = get([rank.allreduce_times.remote(sizes, iters, warmup, sweep_budget) for rank in ranks])
         sizes = sizes[: min(len(t) for t in times)]  # the sizes that ran
+        lap("sweep_s")
         # One host at a time, then disjoint links at once: no two measured things share a host. Rounds
         # go round-robin, so a host's windows lie apart in time and a burst of load elsewhere that
         # spoils one of them does not spoil the other: the best window counts.
@@ -511,7 +576,6 @@ def run_probe(
         link_size = link_bytes or min(sizes[-1], 64 * MB)
         local = [0.0] * world
         pairs = ring_links(world)
-        groups = link_groups(pairs)
         link_rates = {pair: 0.0 for pair in pairs}
         for _ in range(host_rounds):
             for i, rank in enumerate(ranks):
@@ -523,8 +587,10 @@ def run_probe(
                 for pair, (ref_a, ref_b) in zip(group, refs, strict=True):
                     link_rates[pair] = max(link_rates[pair], min(get([ref_a, ref_b])))
         links = [(a, b, link_rates[(a, b)]) for a, b in pairs]
+        lap("hosts_s")
     finally:
         get([rank.close.remote() for rank in ranks])
+    lap("close_s")
     node_ips = [info["node_ip"] for info in infos]
     return summarize(
         world, backend, sizes, times,
@@ -533,7 +599,8 @@ def run_probe(
         links=[{"ranks": [a, b], "gbps": gbps} for a, b, gbps in links],
         sizes_bytes=sizes, link_bytes=link_size, local_bytes=local_size, budget_s=budget_s,
         link_groups=[[list(pair) for pair in group] for group in groups],
-        elapsed_s=time.perf_counter() - started_at,
+        elapsed_s=time.perf_counter() - started_at, phases_s=phases,
+        spent_before_measuring_s=spent, sweep_budget_s=sweep_budget, host_window_s=host_window_s,
     )  # fmt: skip
 
 
@@ -556,11 +623,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s", type=float, default=None, help="the time budget the sizes were picked for"
     )
+    parser.add_argument(
+        "--submitted-unix",
+        type=float,
+        default=None,
+        help="when the job was submitted (the budget counts from it)",
+    )
     args = parser.parse_args(argv)
 
     import ray
 
     ray.init(log_to_driver=False)  # inside the job: the job supervisor sets RAY_ADDRESS
+    driver_ready_unix = time.time()
     try:
         summary = run_probe(
             args.max_mb,
@@ -574,9 +648,16 @@ def main(argv: list[str] | None = None) -> int:
             link_bytes=args.link_bytes,
             local_bytes=args.local_bytes,
             budget_s=args.budget_s,
+            job_started_unix=min(args.submitted_unix, _STARTED_UNIX) if args.submitted_unix else None,
         )
     finally:
         ray.shutdown()
+    # `import ray` + ray.init() in the driver; the caller adds submission -> driver start (started_unix).
+    summary["phases_s"] = {
+        "driver_init_s": round(driver_ready_unix - _STARTED_UNIX, 3),
+        **summary["phases_s"],
+    }
+    summary["started_unix"] = _STARTED_UNIX
     print(RESULT_PREFIX + json.dumps(summary), flush=True)
     return 0 if summary["correct"] else 1
 

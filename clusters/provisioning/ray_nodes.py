@@ -300,7 +300,7 @@ def _start_node(
             "rm -f node.pid",
             f"printf '%s\\n' {shlex.quote(json.dumps(meta))} > node.json",
             *_temp_dir_lines(temp_dir, run_as, auth_token is not None),
-            f"setsid nohup {_launcher(temp_dir, run_as, node_env)} {' '.join(command)} "
+            f"setsid nohup {launcher(temp_dir, run_as, node_env, python)} {' '.join(command)} "
             "> ray-node.log 2>&1 < /dev/null 9>&- &",
             "pid=$!",
             'echo "$pid $pid" > node.pid',  # setsid made it the leader of its own session and group
@@ -379,10 +379,20 @@ def _temp_dir_lines(temp_dir: str, run_as: str | None, with_token: bool) -> list
     return lines
 
 
-def _launcher(temp_dir: str, run_as: str | None, node_env: Mapping[str, str]) -> str:
-    """`[setpriv ...] env -i -C <temp dir> <allowlist> <node env>`: what precedes `ray start`."""
+def launcher(
+    temp_dir: str, run_as: str | None, node_env: Mapping[str, str], python: str | None = None
+) -> str:
+    """`[setpriv ...] env -i -C <temp dir> <allowlist> <node env>`: what precedes `ray start`.
+
+    With an absolute `python`, its folder comes first on the node's PATH: a job's `python ...` entrypoint
+    runs the node's own runtime (the Ray and torch the cluster runs), not whatever else is on PATH."""
     switch = f"setpriv --reuid={run_as} --regid={run_as} --clear-groups -- " if run_as else ""
-    passthrough = " ".join(f'${{{name}+"{name}=${name}"}}' for name in NODE_ENV_PASSTHROUGH)
+    folder = python.rsplit("/", 1)[0] if python and python.startswith("/") else ""
+    first = f"{folder}:" if re.match(r"^/[A-Za-z0-9_./+-]*$", folder) else ""
+    passthrough = " ".join(
+        f'"PATH={first}$PATH"' if name == "PATH" and first else f'${{{name}+"{name}=${name}"}}'
+        for name in NODE_ENV_PASSTHROUGH
+    )
     own = " ".join(shlex.quote(f"{key}={value}") for key, value in node_env.items())
     return f"{switch}env -i -C {shlex.quote(temp_dir)} {passthrough} {own}"
 

@@ -1,5 +1,7 @@
 """The cluster console: request form with live placement preview, detail page, terminate."""
 
+import re
+
 import pytest
 
 from clusters.models import Cluster
@@ -193,3 +195,35 @@ def test_a_terminated_cluster_shows_what_it_recorded_and_no_probe_button(client,
     assert [p["value"] for p in snapshot["bandwidth"]] == [42.0]
     assert [p["value"] for p in snapshot["gpu"]["gpu_temp_c"]] == [55.0]
     assert {n["host"]: n["verdict"] for n in snapshot["nodes"]}[node.host.name] == "warning"
+
+
+def test_an_emulated_local_cluster_says_its_figures_are_at_the_emulation_scale(
+    client, alice, rack, committed
+):
+    """The root demo showed a block of NDR hosts "predicted 0.0-0.1 GB/s (declared)" with nothing saying
+    why: the page names the scale, and figures below 0.1 GB/s no longer round to 0.0."""
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM)
+    cluster = Cluster.objects.get()
+    Cluster.objects.filter(pk=cluster.pk).update(predicted_busbw_gbps=0.003125)
+    ready(cluster, probe_result={"nodes": 2, "backend": "gloo", "links_emulated": True, "fabric_scale": 0.00025,
+                                 "sizes_bytes": [1 << 20], "elapsed_s": 6.0, "job_s": 11.4,
+                                 "results": [{"bytes": 1 << 20, "time_s": 0.3, "algbw_gbps": 0.0031,
+                                              "busbw_gbps": 0.0031}]})  # fmt: skip
+    Cluster.objects.filter(pk=cluster.pk).update(measured_busbw_gbps=0.00318)
+
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert 'id="links-emulated"' in page and "× 0.00025 of the declared fabric" in page
+    assert "0.0032 GB/s" in page and "0.0031 GB/s" in page and not re.search(r"(?<![0-9])0\.0 GB/s", page)
+    assert 'id="predicted-scale"' in page
+    assert "probe 11.4 s (job, Ray's start-up of it included)" in page  # not the measurement's 6 s
+    listing = client.get("/clusters/").content.decode()
+    assert "0.0031 GB/s" in listing and not re.search(r"(?<![0-9])0\.0 GB/s", listing)
+
+
+def test_gbps_filter_keeps_places_from_a_tenth_up():
+    from clusters.templatetags.bandwidth import gbps
+
+    assert gbps(400.0) == "400.0" and gbps(0.1) == "0.1" and gbps(0.0986, 2) == "0.099"
+    assert gbps(0.0003125) == "0.00031" and gbps(None) == "" and gbps(0) == "0.0"

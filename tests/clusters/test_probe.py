@@ -103,3 +103,24 @@ def test_a_sweep_cut_short_reports_only_the_sizes_that_ran():
     result = summarize(2, "gloo", [MB, 2 * MB, 4 * MB], [[0.01, 0.02], [0.011, 0.021]])
 
     assert [r["bytes"] for r in result["results"]] == [MB, 2 * MB]
+
+
+def test_the_measurement_gets_what_the_jobs_start_up_left_of_the_budget(monkeypatch):
+    from clusters.probes import allreduce
+
+    monkeypatch.setattr(allreduce.time, "time", lambda: 1000.0)
+    # 5 s of start-up (submission, driver, actors, torch) of a 12 s budget: 6 s are left to measure
+    # (1 s for the job's end), the host windows take at most 35% of it, the sweep the rest.
+    sweep, window, spent = allreduce.measure_budget(12.0, 995.0, windows=6, host_window_s=0.2)
+    assert spent == 5.0
+    host_s = 6 * (window + allreduce._WINDOW_OVERHEAD_S)
+    assert host_s <= 0.35 * 6.0 + 1e-9 and window <= 0.2
+    assert sweep + host_s == pytest.approx(6.0)
+    # Without the submission time the budget covers the measurement only (as before).
+    assert allreduce.measure_budget(12.0, None, 6, 0.2) == (12.0 * 0.6, 0.2, None)
+    # A start-up past the budget still measures, at the floor; a skewed clock counts half at most.
+    sweep, window, spent = allreduce.measure_budget(12.0, 900.0, 6, 0.2)
+    assert spent == 6.0 and sweep >= allreduce._MIN_SWEEP_S and window >= allreduce._MIN_WINDOW_S
+    assert allreduce.measure_budget(12.0, 2000.0, 6, 0.2)[2] == 0.0
+    entrypoint, _ = allreduce.probe_job(4, 2, submitted_unix=995.0)
+    assert "--submitted-unix 995.000" in entrypoint

@@ -24,6 +24,7 @@ from clusters import services, tenancy
 from clusters.models import Cluster
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import ray_cluster_id
+from inventory import local_runtime
 from inventory import services as inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -83,7 +84,7 @@ def console_page(user, cluster_id: int) -> str:
 
 
 PROBE_ENVIRONMENT = textwrap.dedent("""
-    import glob, json, os
+    import glob, importlib.util, json, os, sys
     stand_in = {pid}
     readable = {{}}
     for path in glob.glob("/proc/[0-9]*/environ"):
@@ -98,7 +99,8 @@ PROBE_ENVIRONMENT = textwrap.dedent("""
         stand_in_readable = False
     print("VOLT_PROBE " + json.dumps({{
         "uid": os.getuid(), "environ": dict(os.environ), "own": open("/proc/self/environ").read(),
-        "readable": readable, "stand_in_readable": stand_in_readable,
+        "readable": readable, "stand_in_readable": stand_in_readable, "executable": sys.executable,
+        "importable": [n for n in ("django", "voltweb", "clusters") if importlib.util.find_spec(n)],
     }}))
 """)
 
@@ -145,10 +147,15 @@ def test_ready_cluster_refuses_strangers_and_its_jobs_cannot_reach_volts_secrets
         line = next(line for line in logs.splitlines() if line.startswith("VOLT_PROBE "))
         seen = json.loads(line.removeprefix("VOLT_PROBE "))
         everything = json.dumps(seen)
-        # A user of the cluster's own only where Volt is root and its Python is open to other users
-        # (a venv linking into /root/.pyenv is not): elsewhere the job runs as Volt, can read Volt's
-        # processes, and the timeline says so. Its own environment is clean either way.
-        isolated = os.geteuid() == 0 and tenancy.environment_open_to_others()
+        # As root, a user of the cluster's own, running Ray from the local runtime (a venv every user
+        # can run: `manage.py local_runtime`, built by scripts/test as root). CI must have it: without
+        # it the job would run as Volt and could read Volt's processes (the timeline would say so).
+        if os.environ.get("CI") and os.geteuid() == 0:
+            assert local_runtime.uses_runtime(), local_runtime.check()
+        isolated = os.geteuid() == 0 and local_runtime.uses_runtime()
+        if local_runtime.uses_runtime():  # the job's driver runs the runtime's python, no Volt code
+            assert seen["executable"] == str(local_runtime.check().python), seen["executable"]
+            assert seen["importable"] == [], seen["importable"]
         own_environment = json.dumps([seen["environ"], seen["own"]])
         for name, value in secrets.items():
             assert value not in own_environment and f"{name}=" not in own_environment, name
@@ -161,6 +168,7 @@ def test_ready_cluster_refuses_strangers_and_its_jobs_cannot_reach_volts_secrets
             for name, value in secrets.items():
                 assert value not in everything and f"{name}=" not in everything, name
             assert seen["uid"] != 0 and row.node_user
+            assert not row.events.filter(message=tenancy.NOT_ISOLATED).exists()
             assert subprocess.run(
                 ["id", "-u", row.node_user], capture_output=True, text=True
             ).stdout.strip() == (str(seen["uid"]))

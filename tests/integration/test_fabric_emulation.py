@@ -31,6 +31,7 @@ SUBNET = f"127.0.{200 + os.getpid() % 50}"
 SCALE = 0.00025
 BLOCK_GBPS = 400.0 * SCALE  # NDR, one block
 SITE_GBPS = 12.5 * SCALE  # the site backbone between two fabrics
+WAN_GBPS = fe.WAN_SAME_REGION_GBPS * SCALE  # between two sites of one region (10 Gb/s)
 
 
 @pytest.fixture
@@ -67,12 +68,15 @@ def _clean_up(settings, committed) -> None:
 
 @pytest.fixture
 def fabrics(northwind, iad1):
-    """Two NDR fabrics of one site: blocks a1, a2 in the first, b1 in the second."""
+    """Two NDR fabrics of one site: blocks a1, a2 in the first, b1 in the second; and a second site of
+    the same region with one NDR fabric: block c1."""
     first = inventory.create_fabric(
         northwind, iad1, "iad1-ndr-a", FabricKind.IB_NDR, 400.0, 1.0, ["a1", "a2"]
     )
     second = inventory.create_fabric(northwind, iad1, "iad1-ndr-b", FabricKind.IB_NDR, 400.0, 1.0, ["b1"])
-    return {block.name: block for fabric in (first, second) for block in fabric.blocks.all()}
+    iad2 = inventory.get_or_create_site("iad2", iad1.region)
+    other_site = inventory.create_fabric(northwind, iad2, "iad2-ndr", FabricKind.IB_NDR, 400.0, 1.0, ["c1"])
+    return {block.name: block for fabric in (first, second, other_site) for block in fabric.blocks.all()}
 
 
 @pytest.fixture
@@ -253,6 +257,27 @@ def test_two_nodes_across_two_fabrics_of_a_site_measure_the_site_figure(
     assert measured < BLOCK_GBPS / 10
     sizes = cluster["probe_result"]["sizes_bytes"]
     assert sizes[-1] <= 1 << 20  # sized to the site's bandwidth and the budget, not 256 MB
+    terminate(client, committed, cluster["id"])
+
+
+def test_two_nodes_across_two_sites_of_a_region_measure_the_wan_figure(
+    emulated, alice, add_host, client_for, committed
+):
+    add_host("h0", "a1", 2), add_host("h1", "c1", 3)  # iad1 and iad2, both in us-east
+    client = client_for(alice)
+
+    cluster = request(client, committed, nodes=2)
+
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    measured, predicted = probe(cluster)
+    assert predicted == pytest.approx(WAN_GBPS) and cluster["plan"]["spanned_level"] == "region"
+    assert measured == pytest.approx(predicted, rel=0.3) and not cluster["bandwidth_flagged"]
+    assert measured < SITE_GBPS / 5 and measured < BLOCK_GBPS / 100  # far below one site's, one block's
+    assert cluster["probe_result"]["links_emulated"] is True
+    sizes = cluster["probe_result"]["sizes_bytes"]
+    assert sizes[-1] <= 256 << 10  # sized to the WAN's bandwidth and the budget
+    sample = BandwidthSample.objects.get(cluster_id=cluster["id"])
+    assert sample.emulated and sample.level == "region"
     terminate(client, committed, cluster["id"])
 
 

@@ -51,6 +51,11 @@ class Command(BaseCommand):
             self.stdout.write(f"No Redis at {settings.REDIS_URL}; started an embedded one at {redis_url}.")
             _use_redis(redis_url)  # before seeding: it writes the cache and broadcasts
         call_command("migrate", interactive=False, verbosity=0)
+        if os.geteuid() == 0:  # clusters run Ray as users of their own, from a runtime they can run
+            try:
+                call_command("local_runtime")
+            except CommandError as exc:
+                self.stdout.write(f"No local Ray runtime ({exc}): local clusters' jobs are not isolated.")
         if not no_seed:
             call_command("seed_demo")
         from inventory import services as inventory
