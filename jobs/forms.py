@@ -39,7 +39,9 @@ class JobForm(forms.Form):
         payload = {"cluster": cluster_id, "name": data.get("name") or "", "env": self.env_dict(),
                    "checkpoint_every": data["checkpoint_every"]}  # fmt: skip
         if data["kind"] == "demo":
-            payload.update(demo=True, steps=data["steps"], seed=data["seed"], step_sleep=data.get("step_sleep") or 0)
+            payload.update(
+                demo=True, steps=data["steps"], seed=data["seed"], step_sleep=data.get("step_sleep") or 0
+            )
         else:
             payload.update(entrypoint=data.get("entrypoint") or "", working_dir=data.get("working_dir"))
         return payload

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -14,6 +15,7 @@ from rest_framework.response import Response
 
 from jobs import services
 from jobs.api import serializers as s
+from jobs.choices import JobStatus
 from jobs.models import Job
 from voltweb.api.errors import ErrorResponseSerializer, ServiceError
 from voltweb.api.parsers import StrictJSONParser
@@ -65,11 +67,24 @@ def submit_from(serializer: s.JobSubmitSerializer, user) -> Job:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+class JobFilter(filters.FilterSet):
+    """`?cluster=` is an id compared as a number: no "no such cluster" answer that would tell another team's
+    cluster ids from missing ones."""
+
+    cluster = filters.NumberFilter(field_name="cluster_id")
+    status = filters.ChoiceFilter(choices=JobStatus.choices)
+    team = filters.CharFilter(field_name="team__slug")
+
+    class Meta:
+        model = Job
+        fields = ["cluster", "status", "team"]
+
+
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Jobs on your teams' clusters. POST submits one to a READY cluster (202); a worker hands it to Ray."""
 
     serializer_class = s.JobSerializer
-    filterset_fields = ["cluster", "status", "team__slug"]
+    filterset_class = JobFilter
     ordering_fields = ["created_at", "status"]
     parser_classes = [StrictJSONParser, MultiPartParser]
     queryset = Job.objects.none()
