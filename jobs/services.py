@@ -482,7 +482,12 @@ def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
     if target == S.SUCCEEDED:
         reason = "the entrypoint exited 0"
     elif target == S.STOPPED:
-        reason = "stopped on request" if job.stop_requested_at else f"stopped by Ray: {message}"
+        # A stop Volt asked for carries its reason (the user's, or the cluster's termination).
+        reason = (
+            (job.status_reason or "stopped on request")
+            if job.stop_requested_at
+            else f"stopped by Ray: {message}"
+        )
     else:
         tail = "\n".join(logs.strip().splitlines()[-5:])
         reason = f"{message or 'the entrypoint failed'}" + (f"\n{tail}" if tail else "")
@@ -683,7 +688,7 @@ def stop_job(job: Job, *, reason: str = "", wait: bool = False, actor: AbstractB
         if stopped:
             return transitions.transition(job, S.STOPPED, reason, extra={"finished_at": timezone.now(),
                                                                          "status_reason": reason})  # fmt: skip
-    Job.objects.filter(pk=job.pk).update(stop_requested_at=timezone.now())
+    Job.objects.filter(pk=job.pk).update(stop_requested_at=timezone.now(), status_reason=reason[:2000])
     job.stop_requested_at = timezone.now()
     note(job, f"stop requested: {reason}")
     if wait:
@@ -772,6 +777,8 @@ def stop_cluster_jobs(cluster: Cluster) -> None:
     teardown that follows stops every process anyway) and end STOPPED with the reason."""
     for job in Job.objects.filter(cluster=cluster, status__in=LIVE | WAITING).select_related("cluster"):
         reason = f"its cluster {cluster.name} was terminated"
+        Job.objects.filter(pk=job.pk).update(stop_requested_at=timezone.now(), status_reason=reason)
+        job.refresh_from_db()
         problems = _stop_through_ray(job, 10.0) if job.ray_submission_id else []
         if job.ray_submission_id:
             try:
