@@ -7,7 +7,7 @@
   if (!root) return;
   const jobId = Number(root.dataset.job);
   const $ = (id) => document.getElementById(id);
-  const state = {offset: 0, fetching: false, retry: 0, status: null, lines: 0};
+  const state = {offset: 0, fetching: false, again: false, retry: 0, status: null, lines: 0};
   const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 
   function append(text) {
@@ -19,14 +19,17 @@
     if (atBottom) log.scrollTop = log.scrollHeight;
   }
 
+  // One fetch at a time; what arrives meanwhile is fetched right after (never appended twice).
   function catchUp() {
-    if (state.fetching) return;
+    if (state.fetching) { state.again = true; return; }
     state.fetching = true;
+    state.again = false;
     fetch(root.dataset.logs + "?offset=" + state.offset, {headers: {Accept: "application/json"}})
       .then((r) => r.json()).then((page) => {
         state.fetching = false;
-        if (page.text) { append(page.text); state.offset = page.next_offset; }
-        if (page.next_offset < page.size) catchUp();
+        const skip = state.offset - page.offset;
+        if (page.text && skip < page.text.length) { append(page.text.slice(Math.max(0, skip))); state.offset = page.next_offset; }
+        if (state.again || page.next_offset < page.size) catchUp();
       }).catch(() => { state.fetching = false; });
   }
 
@@ -58,6 +61,7 @@
     job: (e) => { if (e.job && e.job.id === jobId) setStatus(e.job); },
     job_log: (e) => {
       if (e.job !== jobId) return;
+      if (state.fetching) { if (e.next_offset > state.offset) state.again = true; return; }
       if (e.offset === state.offset && !e.truncated) { append(e.text); state.offset = e.next_offset; }
       else if (e.next_offset > state.offset) catchUp();
     },
