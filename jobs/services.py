@@ -105,6 +105,7 @@ def job_payload(job: Job) -> dict:
         "status": job.status,
         "status_reason": job.status_reason,
         "attempt": job.attempt,
+        "ray_submission_id": job.ray_submission_id,
         "last_step": job.last_step,
         "first_step_at": when(job.first_step_at),
         "started_at": when(job.started_at),

@@ -43,7 +43,14 @@
     if (job.status_reason && job.status !== "succeeded") { reason.hidden = false; reason.textContent = job.status_reason; }
     const stop = $("stop-form");
     if (stop && !["pending", "running", "interrupted"].includes(job.status)) stop.hidden = true;
-    if (state.status && state.status !== job.status) catchUp();
+    if (job.ray_submission_id) $("job-submission").textContent = job.ray_submission_id;
+    const shown = state.status || root.dataset.status;
+    if (shown && shown !== job.status) {
+      catchUp();
+      const li = document.createElement("li");
+      li.innerHTML = `<time>${esc(new Date().toISOString().replace("T", " ").slice(0, 19))}</time> <strong>${esc(shown)} → ${esc(job.status)}</strong> ${esc(job.status_reason)}`;
+      $("job-timeline").appendChild(li);
+    }
     state.status = job.status;
   }
 
