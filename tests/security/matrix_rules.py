@@ -45,6 +45,7 @@ TARGETS = {
     "provider_admins": Target(frozenset({"omar", "root"})),  # adding a site: any provider admin
     "team_member": Target(frozenset({"alice", "bob", "root"})),  # placement preview
     "as_team_a": Target(frozenset({"alice", "root"})),  # creating a cluster for team A
+    "job": Target(frozenset({"alice", "root"})),  # a job on team A's cluster: visible as its cluster is
 }
 
 
@@ -91,6 +92,14 @@ ROUTES: dict[str, Rule] = {
     "clusters:terminate": R("cluster", methods=("POST",)),
     "clusters:probe": R("cluster", methods=("POST",)),
     "clusters:overview": R("page"),
+    "jobs:list": R("page"),
+    "jobs:new": R(
+        "cluster",
+        methods=("GET", "POST"),
+        body={"kind": "demo", "steps": 5, "seed": 0, "checkpoint_every": 2},
+    ),  # fmt: skip
+    "jobs:detail": R("job"),
+    "jobs:stop": R("job", methods=("POST",)),
     "inventory:host-faults": R("private_host", methods=("POST",), body={"fault": "hot"}),
     "healthz": R("public"),
     "admin": R("platform_admin"),  # every page of the admin site but these two:
@@ -163,6 +172,14 @@ ROUTES: dict[str, Rule] = {
     "api:cluster-telemetry-probe": R("cluster"),
     "api:cluster-telemetry-probe-settings": R("cluster", body={"probe_interval_min": 10}),
     "api:cluster-terminate": R("cluster"),
+    "api:job-list": R(
+        "page", create="as_team_a", body={"cluster": "$cluster", "demo": True}, hidden_in_list="job"
+    ),
+    "api:job-detail": R("job"),
+    "api:job-logs": R("job"),
+    "api:job-stop": R("job"),
+    "api:job-checkpoints": R("job"),
+    "api:job-events": R("job"),
 }
 
 # Websocket routes (voltweb.routing): the route's path -> target.
