@@ -40,6 +40,7 @@ def snapshot(cluster: Cluster) -> dict:
             name: _points(cluster, name, now - GPU_WINDOW)
             for name in (MetricSeries.GPU_TEMP, MetricSeries.GPU_UTIL)
         },
+        "recovery": _latest_recovery(cluster),
         "timeline": [
             {"at": e.at.isoformat(), "status": e.to_status, "from": e.from_status, "message": e.message}
             for e in events
@@ -52,3 +53,10 @@ def _points(cluster: Cluster, name: str, since) -> list[dict]:
         {"ts": p.ts.isoformat(), "value": p.value, "host": p.host, "source": p.source}
         for p in metrics.series(cluster, name, since)
     ]
+
+
+def _latest_recovery(cluster: Cluster) -> dict | None:
+    from clusters import recovery
+
+    latest = recovery.recoveries(cluster).first()
+    return recovery.as_json(latest) if latest else None

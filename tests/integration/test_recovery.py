@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from clusters import provision, recovery, services, watch
+from clusters import drills, provision, recovery, services, watch
 from clusters.models import Allocation, Cluster, Recovery
 from clusters.provision import ray_cluster_id
 from clusters.provisioning import ray_nodes
@@ -179,14 +179,17 @@ def sweep_until_degraded(cluster: Cluster) -> None:
 
 
 def test_a_replacement_that_dies_is_replaced_again_and_spent_attempts_fail_cleanly(
-    alice, team_a, hosts, northwind, northwind_ib, add_local_host, settings
+    alice, root, team_a, hosts, settings
 ):
     settings.VOLT_AUTO_RECOVER = False  # the task bodies run here, in order
     cluster = ready_cluster(team_a, alice, 2, "pair")
     worker = node_of(cluster, head=False)
     set_fault(inventory.sandbox_path(hosts[2]), "unreachable")  # the cheapest free host: placed first
 
-    kill_node(cluster, worker)
+    # The fault drill (as a platform admin): SIGKILL of the worker's processes, audited on the timeline.
+    result = drills.run_drill(cluster, root, "kill_processes", rank=worker.rank)
+    assert result.host == worker.host.name and "SIGKILL sent" in result.detail
+    assert cluster.events.filter(actor=root, message__contains="fault drill ran by root").exists()
     sweep_until_degraded(cluster)
     assert recovery.recover_cluster(cluster.pk) == "ready", timeline(cluster)
     done = Recovery.objects.get(cluster=cluster)

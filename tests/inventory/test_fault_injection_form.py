@@ -27,7 +27,12 @@ def shows_the_fault(host: Host, fault: str) -> bool:
     if fault == "ibstat_missing":
         return host.state == HostState.AVAILABLE and host.ports.filter(source="sysfs").exists()
     lost = (host.discovery or {}).get("lost_gpus")  # a GPU off the bus has no row, only its bus id
-    return host.state != HostState.AVAILABLE or host.gpus.exclude(health=GpuHealth.HEALTHY).exists() or bool(lost)
+    return (
+        host.state != HostState.AVAILABLE
+        or host.gpus.exclude(health=GpuHealth.HEALTHY).exists()
+        or bool(lost)
+    )
+
 
 # Faults whose effect onboarding's discovery and health check see (the others act later: `partitioned`
 # when a Ray worker joins, `throttled` when the cluster probe measures the host).
