@@ -684,8 +684,13 @@ def terminate_cluster(
 
 
 def finish_termination(cluster: Cluster) -> Cluster:
-    """Stop every process the cluster started (only on hosts where provisioning reached), then release."""
-    from clusters import provision
+    """Stop every process the cluster started (only on hosts where provisioning reached), then release.
+
+    Its jobs are stopped first (hooks registered by the jobs app), so they end STOPPED with the reason.
+    """
+    from clusters import hooks, provision
+
+    hooks.before_teardown(cluster)
 
     started = list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider"))
     problems = provision.teardown(cluster, started, final=True) if started else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from clusters import hooks
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterEvent
 from voltweb import realtime, statemachine
@@ -55,14 +56,19 @@ CLUSTER_TRANSITIONS: dict[str, dict[str, str]] = {
 def transition(cluster: Cluster, to: str, reason: str = "", extra: dict | None = None) -> Cluster:
     """Move `cluster` to `to` from an allowed status (else IllegalTransition), with a timeline event."""
 
+    moved: list[str] = []
+
     def record(previous: str, target: str) -> None:
         message = reason or CLUSTER_TRANSITIONS[previous][target]
         ClusterEvent.objects.create(cluster=cluster, from_status=previous, to_status=target, message=message)
+        moved[:] = [previous, target]
 
     def announce() -> None:
         realtime.broadcast(
             f"cluster-{cluster.pk}", {"kind": "status", "status": cluster.status, "reason": reason}
         )
+        # Other apps (jobs) follow the cluster's status: registered in clusters/hooks.py.
+        hooks.status_changed(cluster, moved[0], moved[1], reason or CLUSTER_TRANSITIONS[moved[0]][moved[1]])
 
     return statemachine.apply(
         cluster, to, CLUSTER_TRANSITIONS, field="status", extra=extra, record=record, after_commit=announce

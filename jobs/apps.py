@@ -3,3 +3,12 @@ from django.apps import AppConfig
 
 class JobsConfig(AppConfig):
     name = "jobs"
+
+    def ready(self) -> None:
+        # Clusters know nothing of jobs (dependencies point jobs -> clusters): jobs register here what
+        # must happen to them when their cluster is terminated or degrades.
+        from clusters import hooks
+        from jobs import services
+
+        hooks.on_before_teardown(services.stop_cluster_jobs)
+        hooks.on_status_change(services.cluster_status_changed)

@@ -13,7 +13,8 @@ app.conf.task_queues = [
     Queue(name, Exchange(name, type="direct"), routing_key=name)
     for name in ("placement", "provisioning", "monitoring", "jobs")
 ]
-app.conf.task_routes = {}
+# Tasks name their queue in voltweb.taskutils.volt_task; jobs' are routed here too, by module.
+app.conf.task_routes = {"jobs.tasks.*": {"queue": "jobs"}}
 app.autodiscover_tasks()
 
 

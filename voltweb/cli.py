@@ -113,6 +113,23 @@ class Client:
     def post(self, path: str, body: dict | None = None) -> Any:
         return self.request("POST", self.api_root + path, body)
 
+    def post_multipart(self, path: str, fields: dict, files: dict[str, tuple[str, bytes]]) -> Any:
+        """A multipart/form-data POST (a job's working dir archive): `files` maps a field to (name, bytes)."""
+        boundary = f"volt-{os.urandom(12).hex()}"
+        parts = []
+        for name, value in fields.items():
+            parts.append(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+            )
+        for name, (filename, content) in files.items():
+            head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+                    "Content-Type: application/gzip\r\n\r\n")  # fmt: skip
+            parts.append(head.encode() + content + b"\r\n")
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        return self.request(
+            "POST", self.api_root + path, raw=(body, f"multipart/form-data; boundary={boundary}")
+        )
+
     def all_pages(self, path: str, params: dict | None = None) -> list:
         """Every result of a paginated collection, following `next` links."""
         page = self.get(path, params)
@@ -122,9 +139,14 @@ class Client:
             results += page["results"]
         return results
 
-    def request(self, method: str, url: str, body: dict | None = None) -> Any:
+    def request(
+        self, method: str, url: str, body: dict | None = None, raw: tuple[bytes, str] | None = None
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, method=method, headers=self._headers(data))
+        headers = self._headers(data)
+        if raw is not None:
+            data, headers["Content-Type"] = raw
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.http_timeout_s) as response:
                 payload = response.read()
@@ -471,6 +493,190 @@ def _wait_flags(wait: bool = True, targets: bool = True) -> argparse.ArgumentPar
     return flags
 
 
+# --- jobs -----------------------------------------------------------------------------------------
+
+JOB_ENDED = {"succeeded": EXIT_OK, "failed": EXIT_FAILED, "stopped": EXIT_TERMINATED}
+
+
+def _archive(folder: str) -> bytes:
+    """The folder as a .tar.gz in memory (what the API unpacks as the job's working dir)."""
+    import io
+    import tarfile
+
+    if not os.path.isdir(folder):
+        raise UsageError(f"--workdir {folder!r} is not a folder")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for entry in sorted(os.listdir(folder)):
+            if entry in ("__pycache__", ".git"):
+                continue
+            archive.add(os.path.join(folder, entry), arcname=entry,
+                        filter=lambda info: None if info.issym() or "__pycache__" in info.name else info)  # fmt: skip
+    return buffer.getvalue()
+
+
+def _env(pairs: Sequence[str] | None) -> dict[str, str]:
+    env = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env {pair!r}: write NAME=value")
+        env[name] = value
+    return env
+
+
+def cmd_job_submit(client: Client, args: argparse.Namespace) -> int:
+    command = list(args.command or [])
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if args.demo == bool(command):
+        raise UsageError("give the command to run after -- (e.g. -- python train.py), or --demo")
+    body: dict[str, Any] = {"cluster": args.cluster, "env": _env(args.env), "name": args.name or ""}
+    if args.checkpoint_every is not None:
+        body["checkpoint_every"] = args.checkpoint_every
+    if args.demo:
+        body.update(demo=True, steps=args.steps, seed=args.seed, step_sleep=args.step_sleep)
+    else:
+        import shlex
+
+        body["entrypoint"] = shlex.join(command)
+    if args.workdir:
+        if args.demo:
+            raise UsageError("--workdir goes with your own command, not --demo")
+        fields = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in body.items()}
+        job = client.post_multipart(
+            "/jobs/", fields, {"working_dir": ("workdir.tar.gz", _archive(args.workdir))}
+        )
+    else:
+        job = client.post("/jobs/", body)
+    _progress(f"job {job['id']} ({job['name']}) submitted to cluster {job['cluster']}")
+    if not args.wait:
+        _emit(job)
+        return EXIT_OK
+    return follow_job(client, job["id"], args.timeout, stream=True)
+
+
+def follow_job(
+    client: Client, job_id: int, timeout_s: float, *, stream: bool, to_stdout: bool = False
+) -> int:
+    """Print the job's log as it grows (stderr, or stdout for `logs --follow`) until it ends; exit by status."""
+    deadline = time.monotonic() + timeout_s
+    interval = _poll_interval()
+    offset = 0
+    out = sys.stdout if to_stdout else sys.stderr
+    while True:
+        page = _job_get(client, f"/jobs/{job_id}/logs/", {"offset": offset})
+        if stream and page["text"]:
+            out.write(page["text"])
+            out.flush()
+        offset = page["next_offset"]
+        if page["next_offset"] < page["size"]:
+            continue  # more stored than one answer carries
+        if page["status"] in JOB_ENDED and page["complete"]:
+            job = _job_get(client, f"/jobs/{job_id}/")
+            if not to_stdout:
+                _emit(job)
+            code = JOB_ENDED[job["status"]]
+            if code:
+                _progress(f"job {job_id} {job['status']}: {job.get('status_reason') or 'no details'}")
+            return code
+        if time.monotonic() >= deadline:
+            _progress(f"timed out after {timeout_s:g} s; job {job_id} is still {page['status']}")
+            return EXIT_TIMEOUT
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+
+def _job_get(client: Client, path: str, params: dict | None = None) -> Any:
+    try:
+        return client.get(path, params)
+    except ApiError as exc:
+        if exc.status == 404:
+            raise ApiError(404, exc.code, "job not found (or it belongs to another team)") from None
+        raise
+
+
+def cmd_job_logs(client: Client, args: argparse.Namespace) -> int:
+    if args.follow:
+        return follow_job(client, args.id, args.timeout, stream=True, to_stdout=True)
+    offset = 0
+    while True:
+        page = _job_get(client, f"/jobs/{args.id}/logs/", {"offset": offset})
+        sys.stdout.write(page["text"])
+        offset = page["next_offset"]
+        if not page["text"] or offset >= page["size"]:
+            sys.stdout.flush()
+            return EXIT_OK
+
+
+def cmd_job_stop(client: Client, args: argparse.Namespace) -> int:
+    try:
+        job = client.post(f"/jobs/{args.id}/stop/")
+    except ApiError as exc:
+        if exc.status == 404:
+            raise ApiError(
+                404, exc.code, f"job {args.id} not found (or it belongs to another team)"
+            ) from None
+        raise
+    if not args.wait:
+        _emit(job)
+        return EXIT_OK
+    code = follow_job(client, args.id, args.timeout, stream=False)
+    return EXIT_OK if code == EXIT_TERMINATED else code
+
+
+def cmd_job_list(client: Client, args: argparse.Namespace) -> int:
+    _emit(client.get("/jobs/", {"cluster": args.cluster, "status": args.status})["results"])
+    return EXIT_OK
+
+
+def cmd_job_get(client: Client, args: argparse.Namespace) -> int:
+    _emit(_job_get(client, f"/jobs/{args.id}/"))
+    return EXIT_OK
+
+
+def _add_job_commands(resources, connection) -> None:
+    jobs = resources.add_parser("jobs", help="submit, follow and stop jobs on clusters")
+    commands = jobs.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, parents=[connection])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    timeout = {"type": float, "default": DEFAULT_WAIT_TIMEOUT_S, "metavar": "SECONDS",
+               "help": f"give up waiting after this long, exit 4 (default {DEFAULT_WAIT_TIMEOUT_S})"}  # fmt: skip
+    submit = command("submit", cmd_job_submit,
+                     "submit a job: volt jobs submit --cluster N [--wait] [--workdir DIR] -- python train.py")  # fmt: skip
+    submit.add_argument("--cluster", type=_cluster_id, required=True, help="a READY cluster of your team")
+    submit.add_argument(
+        "--wait", action="store_true", help="print its log until it ends; exit 0 if it succeeded"
+    )
+    submit.add_argument("--workdir", help="folder shipped with the job (archived; volt_ckpt.py is added)")
+    submit.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable; repeat")
+    submit.add_argument("--name", help="job name")
+    submit.add_argument("--checkpoint-every", type=int, metavar="STEPS", help="steps between checkpoints")
+    submit.add_argument("--demo", action="store_true", help="run the demo workload instead of a command")
+    submit.add_argument("--steps", type=int, default=60, help="--demo: training steps (60)")
+    submit.add_argument("--seed", type=int, default=0, help="--demo: seed (0)")
+    submit.add_argument("--step-sleep", type=float, default=0.0, help="--demo: seconds per step (0)")
+    submit.add_argument("--timeout", **timeout)
+    submit.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command to run")
+    logs = command("logs", cmd_job_logs, "a job's log; --follow until it ends (exit 0 if it succeeded)")
+    logs.add_argument("id", type=_cluster_id)
+    logs.add_argument("--follow", "-f", action="store_true")
+    logs.add_argument("--timeout", **timeout)
+    stop = command("stop", cmd_job_stop, "stop a job on every host; --wait until it is stopped")
+    stop.add_argument("id", type=_cluster_id)
+    stop.add_argument("--wait", action="store_true")
+    stop.add_argument("--timeout", **timeout)
+    listing = command("list", cmd_job_list, "your teams' jobs, newest first")
+    listing.add_argument("--cluster", type=_cluster_id)
+    listing.add_argument(
+        "--status", choices=["pending", "running", "succeeded", "failed", "stopped", "interrupted"]
+    )
+    command("get", cmd_job_get, "one job").add_argument("id", type=_cluster_id)
+
+
 def build_parser() -> argparse.ArgumentParser:
     connection = _connection_flags()
     parser = _Parser(
@@ -479,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[connection],
     )
     parser.add_argument("--version", action="version", version=f"volt {__version__}")
-    resources = parser.add_subparsers(dest="resource", required=True, metavar="clusters")
+    resources = parser.add_subparsers(dest="resource", required=True, metavar="clusters|jobs")
     clusters = resources.add_parser("clusters", help="request, inspect and terminate clusters")
     commands = clusters.add_subparsers(dest="command", required=True)
 
@@ -512,6 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     ending.add_argument(
         "--ok-if-ended", action="store_true", help="exit 0 if the cluster had already ended (cleanup steps)"
     )
+    _add_job_commands(resources, connection)
     return parser
 
 

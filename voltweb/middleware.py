@@ -8,6 +8,7 @@ header parsing, so both are refused here for every URL.
 
 from __future__ import annotations
 
+import re
 import secrets
 from urllib.parse import unquote_to_bytes
 
@@ -33,6 +34,15 @@ def _has_nul(raw: str) -> bool:
     return "\x00" in raw or b"\x00" in unquote_to_bytes(raw)
 
 
+def _takes_uploads(request: HttpRequest) -> bool:
+    """A multipart POST to a path that accepts a job's working dir archive (settings.VOLT_UPLOAD_PATHS)."""
+    return (
+        request.method == "POST"
+        and request.content_type == "multipart/form-data"
+        and any(re.match(pattern, request.path) for pattern in settings.VOLT_UPLOAD_PATHS)
+    )
+
+
 def input_problem(request: HttpRequest) -> str | None:
     """Why this request cannot be served, or None. Looks only at what every view would otherwise trip on."""
     if _has_nul(request.path) or _has_nul(request.META.get("QUERY_STRING", "")):
@@ -44,7 +54,14 @@ def input_problem(request: HttpRequest) -> str | None:
     if not length.isdigit():
         return "The Content-Length header is not a number."
     if int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-        return f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
+        if not _takes_uploads(request):
+            return f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
+        if int(length) > settings.VOLT_UPLOAD_MAX_BYTES:
+            return (
+                f"The upload is larger than the {settings.VOLT_JOB_UPLOAD_MAX_MB} MiB a job's working "
+                "directory may be (VOLT_JOB_UPLOAD_MAX_MB): leave data sets and checkpoints out of the "
+                "archive and read them from the cluster's shared storage."
+            )
     if request.method == "POST" and request.content_type in _FORM_TYPES:
         try:
             values = [v for _, vs in request.POST.lists() for v in vs] + list(request.POST.keys())

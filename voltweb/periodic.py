@@ -5,6 +5,7 @@ from voltweb.env import env_float
 # Read from the environment like settings.VOLT_WATCH_INTERVAL_S (this table loads before Django's settings).
 WATCH_INTERVAL_S = env_float("VOLT_WATCH_INTERVAL_S", 5.0, minimum=1.0, maximum=3600.0)
 RECOVERY_RETRY_S = env_float("VOLT_RECOVERY_RETRY_S", 15.0, minimum=1.0, maximum=3600.0)
+JOB_POLL_S = env_float("VOLT_JOB_POLL_S", 2.0, minimum=0.5, maximum=600.0)
 
 SCHEDULE = {
     "reap-stuck-onboarding": {
@@ -51,5 +52,10 @@ SCHEDULE = {
         "task": "clusters.tasks.probe_idle_clusters_task",
         "schedule": 60.0,
         "options": {"queue": "monitoring"},
+    },
+    "poll-jobs": {
+        "task": "jobs.tasks.poll_jobs_task",
+        "schedule": JOB_POLL_S,
+        "options": {"queue": "jobs", "expires": JOB_POLL_S},
     },
 }

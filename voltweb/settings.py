@@ -304,6 +304,16 @@ VOLT_LIVE_PROBE_MAX_MB = env_int("VOLT_LIVE_PROBE_MAX_MB", 64, minimum=1)
 VOLT_METRICS_RAW_RETENTION_H = env_int("VOLT_METRICS_RAW_RETENTION_H", 24, minimum=1)
 VOLT_METRICS_MINUTE_RETENTION_D = env_int("VOLT_METRICS_MINUTE_RETENTION_D", 30, minimum=1)
 
+# Jobs (jobs/services.py): an uploaded working dir (.zip / .tar.gz) may be this large, compressed and
+# unpacked alike; the poller reads live jobs' status, logs and events every VOLT_JOB_POLL_S.
+VOLT_JOB_UPLOAD_MAX_MB = env_int("VOLT_JOB_UPLOAD_MAX_MB", 20, minimum=1)
+VOLT_JOB_POLL_S = env_float("VOLT_JOB_POLL_S", 2.0, minimum=0.5, maximum=600.0)
+VOLT_JOB_LOG_MAX_MB = env_int("VOLT_JOB_LOG_MAX_MB", 16, minimum=1)  # stored per job; the rest is cut
+VOLT_JOB_STOP_TIMEOUT_S = env_float("VOLT_JOB_STOP_TIMEOUT_S", 30.0, minimum=1.0, maximum=600.0)
+# Request paths that take a multipart upload larger than DATA_UPLOAD_MAX_MEMORY_SIZE (up to the job limit).
+VOLT_UPLOAD_PATHS = (r"^/api/v1/jobs/$", r"^/clusters/\d+/jobs/new/$")
+VOLT_UPLOAD_MAX_BYTES = VOLT_JOB_UPLOAD_MAX_MB * 1024 * 1024 + 256 * 1024  # the archive + form fields
+
 # The `local` driver (sandbox hosts on this machine, with declared hardware) is for the demo and tests:
 # off unless enabled, and then only platform admins add local hosts, unless the second switch (the demo)
 # lets provider admins add them too.

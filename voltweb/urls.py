@@ -10,6 +10,7 @@ api_v1 = [
     path("", include("voltweb.api.urls")),
     path("", include("inventory.api.urls")),
     path("", include("clusters.api.urls")),
+    path("", include("jobs.api.urls")),
 ]
 
 urlpatterns = [
@@ -21,6 +22,7 @@ urlpatterns = [
     path("teams/", views.teams, name="teams"),
     path("inventory/", include("inventory.urls")),
     path("clusters/", include("clusters.urls")),
+    path("", include("jobs.urls")),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),

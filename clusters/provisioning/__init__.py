@@ -4,6 +4,7 @@ Pure Python (no Django import): functions take `HostDriver`s and plain values.
 """
 
 from .ray_nodes import (
+    JOB_MARKER_VAR,
     MAX_SLOT,
     PORT_BASE,
     PORTS_PER_SLOT,
@@ -14,6 +15,7 @@ from .ray_nodes import (
     NodeStartFailed,
     find_node,
     host_resource_name,
+    job_processes,
     node_processes,
     ports_for,
     read_node_log,
@@ -34,7 +36,9 @@ __all__ = [
     "NodePorts",
     "NodeStartFailed",
     "NodesNotReady",
+    "JOB_MARKER_VAR",
     "find_node",
+    "job_processes",
     "host_resource_name",
     "node_processes",
     "ports_for",

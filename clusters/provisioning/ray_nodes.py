@@ -494,6 +494,38 @@ def stop_node(driver: HostDriver, node: NodeHandle | str, grace_s: float = 3.0) 
     return [int(word) for word in match.group(1).split()]
 
 
+JOB_MARKER_VAR = "VOLT_JOB_MARKER"
+
+
+def job_processes(driver: HostDriver, cluster_id: str, job_marker: str, *, kill: bool = False) -> list[int]:
+    """PIDs of the live processes of one job on this host's node of `cluster_id`: those carrying both the
+    node's marker and `VOLT_JOB_MARKER=<job_marker>` (Volt sets it in the job's runtime_env, so the job's
+    driver and every Ray worker of the job have it). `kill=True` SIGKILLs them first and answers what is
+    left. Several local hosts share one /proc: the node marker keeps each host's answer its own."""
+    if not re.match(r"^[\w.@/-]{1,200}$", job_marker):
+        raise ValueError(f"job marker {job_marker!r} has characters a marker never has.")
+    node = shlex.quote(f"{NODE_MARKER_VAR}={_marker(cluster_id, driver)}")
+    job = shlex.quote(f"{JOB_MARKER_VAR}={job_marker}")
+    script = "\n".join(
+        [
+            "volt_job_pids() {",
+            f"  for f in $(grep -lzxF {job} /proc/[0-9]*/environ 2>/dev/null); do",
+            f'    grep -qzxF {node} "$f" 2>/dev/null || continue',
+            '    p=${f#/proc/}; p=${p%/environ}; s=$(ps -o stat= -p "$p" 2>/dev/null)',
+            '    [ -n "$s" ] && [ "${s#Z}" = "$s" ] && echo "$p"',
+            "  done",
+            "}",
+            *(['k=$(volt_job_pids); [ -n "$k" ] && kill -KILL $k 2>/dev/null && sleep 0.5'] if kill else []),
+            'echo "JOB_PIDS $(volt_job_pids | tr "\\n" " ")"',
+        ]
+    )
+    result = driver.run(script, timeout=_START_TIMEOUT_S)
+    match = re.search(r"^JOB_PIDS (.*)$", result.stdout, re.MULTILINE)
+    if match is None:
+        raise DriverError(f"could not list the job's processes on {driver.address}: {_output(result)}")
+    return sorted(int(word) for word in match.group(1).split() if word.isdigit())
+
+
 def read_node_log(driver: HostDriver, node: NodeHandle | str, lines: int = 40) -> str:
     """The last `lines` of the node's `ray start` output (for error messages)."""
     result = driver.run(

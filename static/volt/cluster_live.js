@@ -14,25 +14,59 @@
     yaxis: {title: ytitle, rangemode: "tozero"}, legend: {orientation: "h"}, showlegend: true,
   });
 
+  // Probe samples and the training job's own all-reduces (source "job") are separate traces.
+  const JOB_TRACE = "job busbw (training all-reduce)";
   function drawBandwidth(points) {
-    const x = points.map((p) => p.ts), y = points.map((p) => p.value);
+    const probe = points.filter((p) => p.source !== "job"), job = points.filter((p) => p.source === "job");
+    const x = probe.map((p) => p.ts), y = probe.map((p) => p.value);
     const traces = [{x, y, name: "measured busbw", mode: "lines+markers", type: "scatter"}];
     if (state.predicted) {
-      const span = x.length ? [x[0], x[x.length - 1]] : [new Date().toISOString(), new Date().toISOString()];
+      const all = points.map((p) => p.ts);
+      const span = all.length ? [all[0], all[all.length - 1]] : [new Date().toISOString(), new Date().toISOString()];
       traces.push({x: span, y: [state.predicted, state.predicted], name: "predicted", mode: "lines", line: {dash: "dash"}});
     }
+    if (job.length) traces.push({x: job.map((p) => p.ts), y: job.map((p) => p.value), name: JOB_TRACE, mode: "markers", type: "scatter"});
     Plotly.react("busbw-chart", traces, layout("All-reduce busbw (GB/s)", "GB/s"), {displayModeBar: false, responsive: true});
-    $("busbw-chart").dataset.points = String(points.length);
+    const chart = $("busbw-chart");
+    chart.dataset.points = String(probe.length);
+    chart.dataset.jobPoints = String(job.length);
   }
 
-  function addBandwidth(ts, value) {
+  function addBandwidth(ts, value, source) {
     const chart = $("busbw-chart");
-    Plotly.extendTraces(chart, {x: [[ts]], y: [[value]]}, [0]);
-    if (state.predicted && chart.data.length > 1) {
-      const xs = chart.data[0].x;
+    if (source === "job") {
+      const i = (chart.data || []).findIndex((t) => t.name === JOB_TRACE);
+      if (i >= 0) Plotly.extendTraces(chart, {x: [[ts]], y: [[value]]}, [i]);
+      else Plotly.addTraces(chart, {x: [ts], y: [value], name: JOB_TRACE, mode: "markers", type: "scatter"});
+      chart.dataset.jobPoints = String(Number(chart.dataset.jobPoints || 0) + 1);
+    } else {
+      Plotly.extendTraces(chart, {x: [[ts]], y: [[value]]}, [0]);
+      chart.dataset.points = String(Number(chart.dataset.points || 0) + 1);
+    }
+    if (state.predicted && chart.data.length > 1 && chart.data[1].name === "predicted") {
+      const xs = chart.data[1].x;
       Plotly.restyle(chart, {x: [[xs[0], ts]]}, [1]);
     }
-    chart.dataset.points = String(Number(chart.dataset.points || 0) + 1);
+  }
+
+  // The jobs section of the page: a job's row follows its status and step; a new job gets a row.
+  function updateJob(job) {
+    const table = $("jobs-table");
+    if (!table || !job) return;
+    let row = table.querySelector(`tr[data-job="${job.id}"]`);
+    if (!row) {
+      row = document.createElement("tr");
+      row.dataset.job = String(job.id);
+      row.innerHTML = `<td><a href="${esc(job.url)}">${esc(job.name)}</a> <span class="muted small">#${job.id}</span></td>` +
+        `<td><span class="state job-status"></span></td><td class="num job-step"></td><td class="mono small"></td><td></td>`;
+      table.querySelector("tbody").prepend(row);
+      const none = $("no-jobs");
+      if (none) none.hidden = true;
+    }
+    const badge = row.querySelector(".job-status");
+    badge.className = "state job-status state-" + job.status;
+    badge.textContent = job.status.charAt(0).toUpperCase() + job.status.slice(1);
+    row.querySelector(".job-step").textContent = job.last_step == null ? "—" : job.last_step;
   }
 
   function drawGpu(gpu) {
@@ -158,7 +192,8 @@
     status: (e) => { setStatus(e.status); refreshStatic(); },
     timeline: (e) => addTimeline(e.at, e.status, e.status, e.message),
     health: (e) => { drawHealth(e.nodes); addGpu(e.ts, e.nodes); },
-    bandwidth: (e) => { if (e.predicted_busbw_gbps) state.predicted = e.predicted_busbw_gbps; addBandwidth(e.ts, e.busbw_gbps); },
+    bandwidth: (e) => { if (e.predicted_busbw_gbps) state.predicted = e.predicted_busbw_gbps; addBandwidth(e.ts, e.busbw_gbps, e.source); },
+    job: (e) => updateJob(e.job),
     recovery: (e) => drawRecovery(e.recovery),
     probe: (e) => { $("probe-state").textContent = e.state === "running" ? "probe running…" : (e.message || ""); if ("alert" in e) setAlert(e.alert); },
   };

@@ -47,6 +47,7 @@ TARGETS = {
     "provider_admins": Target(frozenset({"omar", "root"})),  # adding a site: any provider admin
     "team_member": Target(frozenset({"alice", "bob", "root"})),  # placement preview
     "as_team_a": Target(frozenset({"alice", "root"})),  # creating a cluster for team A
+    "job": Target(frozenset({"alice", "root"})),  # a job on team A's cluster: visible as its cluster is
 }
 
 
@@ -94,6 +95,14 @@ ROUTES: dict[str, Rule] = {
     "clusters:probe": R("cluster", methods=("POST",)),
     "clusters:drill": R("cluster_admin", methods=("POST",), body={"drill": "kill_processes", "rank": 0}),
     "clusters:overview": R("page"),
+    "jobs:list": R("page"),
+    "jobs:new": R(
+        "cluster",
+        methods=("GET", "POST"),
+        body={"kind": "demo", "steps": 5, "seed": 0, "checkpoint_every": 2},
+    ),  # fmt: skip
+    "jobs:detail": R("job"),
+    "jobs:stop": R("job", methods=("POST",)),
     "inventory:host-faults": R("private_host", methods=("POST",), body={"fault": "hot"}),
     "healthz": R("public"),
     "admin": R("platform_admin"),  # every page of the admin site but these two:
@@ -169,6 +178,14 @@ ROUTES: dict[str, Rule] = {
     "api:cluster-recovery-recoveries": R("cluster"),
     "api:cluster-recovery-drills": R("cluster_admin", body={"drill": "kill_processes", "rank": 0}),
     "api:cluster-recovery-recovery-policy": R("cluster_admin", body={"recovery_policy": "shrink"}),
+    "api:job-list": R(
+        "page", create="as_team_a", body={"cluster": "$cluster", "demo": True}, hidden_in_list="job"
+    ),
+    "api:job-detail": R("job"),
+    "api:job-logs": R("job"),
+    "api:job-stop": R("job"),
+    "api:job-checkpoints": R("job"),
+    "api:job-events": R("job"),
 }
 
 # Websocket routes (voltweb.routing): the route's path -> target.

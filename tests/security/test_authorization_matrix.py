@@ -25,6 +25,7 @@ from drf_spectacular.generators import SchemaGenerator
 
 from clusters.models import Cluster
 from inventory.choices import HostState
+from jobs.models import Job
 from tests.conftest import api_client
 from tests.security.matrix_rules import ROLES, ROUTES, TARGETS, WS_ROUTES, Rule
 from voltweb import services as accounts
@@ -115,8 +116,12 @@ def world(alice, bob, priya, omar, helios, root, make_user, team_a, northwind_ib
         name="a1",
         spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]},
     )
+    job = Job.objects.create(
+        cluster=cluster, team=team_a, created_by=alice, name="j1", entrypoint="python t.py"
+    )
     objects = {
         "cluster": {"pk": cluster.pk, "cluster_id": cluster.pk},
+        "job": {"pk": job.pk, "cluster_id": cluster.pk},
         "cluster_secret": {"pk": cluster.pk},
         "cluster_admin": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "team": {"pk": team_a.pk},
@@ -138,7 +143,11 @@ def world(alice, bob, priya, omar, helios, root, make_user, team_a, northwind_ib
         "fresh": make_user("fresh"),
         "anonymous": None,
     }
-    return {"objects": objects, "users": users, "refs": {"$site": northwind_ib.site_id, "$block": block.pk}}
+    return {
+        "objects": objects,
+        "users": users,
+        "refs": {"$site": northwind_ib.site_id, "$block": block.pk, "$cluster": cluster.pk},
+    }
 
 
 def client_as(world, role: str, api: bool):

@@ -1,0 +1,170 @@
+"""Jobs API: submit (JSON, or multipart with a working dir archive), list, inspect, logs, stop, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import MultiPartParser
+from rest_framework.response import Response
+
+from jobs import services
+from jobs.api import serializers as s
+from jobs.choices import JobStatus
+from jobs.models import Job
+from voltweb.api.errors import ErrorResponseSerializer, ServiceError
+from voltweb.api.parsers import StrictJSONParser
+from voltweb.statemachine import IllegalTransition
+
+ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer,
+          409: ErrorResponseSerializer}  # fmt: skip
+_NUMBERS = ("cluster", "steps", "seed", "checkpoint_every")
+
+
+def form_payload(data) -> dict:
+    """A multipart form as the JSON body it stands for: numbers, booleans and `env` (a JSON object) parsed."""
+    payload: dict = {}
+    for key in data:
+        value = data.get(key)
+        if key in _NUMBERS and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        elif key == "step_sleep" and isinstance(value, str):
+            value = value.strip() or 0
+        elif key == "demo" and isinstance(value, str):
+            value = value.strip().lower() in ("1", "true", "on", "yes")
+        elif key == "env" and isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValidationError({"env": ['Must be a JSON object, e.g. {"LR": "0.1"}.']}) from None
+        payload[key] = value
+    return payload
+
+
+def submit_from(serializer: s.JobSubmitSerializer, user) -> Job:
+    """Run the service for a validated submission (API and console): unpack the upload, submit, clean up."""
+    data = serializer.validated_data
+    staging = services.unpack_upload(data["working_dir"]) if data["working_dir"] is not None else None
+    try:
+        if data["demo"]:
+            return services.submit_job(
+                data["cluster"], user,
+                services.demo_entrypoint(data["steps"], data["checkpoint_every"], data["seed"], data["step_sleep"]),
+                working_dir=services.WORKLOADS_DIR, env=data["env"], checkpoint_every=data["checkpoint_every"],
+                name=data["name"] or "demo", is_demo=True,
+            )  # fmt: skip
+        return services.submit_job(
+            data["cluster"], user, data["entrypoint"], working_dir=staging, env=data["env"],
+            checkpoint_every=data["checkpoint_every"], name=data["name"],
+        )  # fmt: skip
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+class JobFilter(filters.FilterSet):
+    """`?cluster=` is an id compared as a number: no "no such cluster" answer that would tell another team's
+    cluster ids from missing ones."""
+
+    cluster = filters.NumberFilter(field_name="cluster_id")
+    status = filters.ChoiceFilter(choices=JobStatus.choices)
+    team = filters.CharFilter(field_name="team__slug")
+
+    class Meta:
+        model = Job
+        fields = ["cluster", "status", "team"]
+
+
+class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Jobs on your teams' clusters. POST submits one to a READY cluster (202); a worker hands it to Ray."""
+
+    serializer_class = s.JobSerializer
+    filterset_class = JobFilter
+    ordering_fields = ["created_at", "status"]
+    parser_classes = [StrictJSONParser, MultiPartParser]
+    queryset = Job.objects.none()
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Job.objects.none()
+        return services.visible_jobs(self.request.user).select_related("cluster", "team", "created_by")
+
+    @extend_schema(request={"application/json": s.JobSubmitSerializer, "multipart/form-data": s.JobSubmitSerializer},
+                   responses={202: s.JobSerializer, **ERRORS})  # fmt: skip
+    def create(self, request, *args, **kwargs):
+        data = (
+            request.data
+            if request.content_type.startswith("application/json")
+            else form_payload(request.data)
+        )
+        serializer = s.JobSubmitSerializer(data=data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        try:
+            job = submit_from(serializer, request.user)
+        except services.JobInputError as exc:
+            raise ServiceError(str(exc), code="invalid", status_code=400) from None
+        except services.ClusterNotReady as exc:
+            raise ServiceError(str(exc), code="cluster_not_ready", status_code=409) from None
+        return Response(s.JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("offset", int, description="Character offset to read from (0: the start)."),
+            OpenApiParameter(
+                "limit", int, description=f"At most this many characters ({services.LOG_PAGE_MAX})."
+            ),
+        ],
+        responses={200: s.JobLogSerializer, **ERRORS},
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The job's stored log from `offset`: follow it by asking again from `next_offset` until `complete`.
+        Logs are kept by Volt, so they stay readable after the cluster is gone."""
+        job = self.get_object()
+        offset = _int_param(request, "offset", 0)
+        limit = _int_param(request, "limit", services.LOG_PAGE_MAX)
+        return Response(services.read_log(job, offset, limit))
+
+    @extend_schema(request=None, responses={202: s.JobSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        """Stop the job: answers at once; a worker stops it through Ray and makes sure none of its processes
+        is left on any host, then it is `stopped`."""
+        job = self.get_object()
+        try:
+            job = services.stop_job(job, actor=request.user)
+        except IllegalTransition as exc:
+            raise ServiceError(
+                f"Job {job.pk} already ended: it is {exc.current}.", code="illegal_transition"
+            ) from None
+        return Response(s.JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: s.CheckpointSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def checkpoints(self, request, pk=None):
+        """Checkpoints found on the cluster's shared storage; only `synchronized` ones are resumed from
+        (`reason` says what is wrong with the others)."""
+        page = self.paginate_queryset(self.get_object().checkpoints.order_by("step"))
+        return self.get_paginated_response(s.CheckpointSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: s.JobEventSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        page = self.paginate_queryset(self.get_object().events.all())
+        return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
+
+
+def _int_param(request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or len(raw) > 15:
+        raise ValidationError(
+            {name: [f"Must be a whole number of characters, 0 or more (got {raw[:20]!r})."]}
+        )
+    return int(raw)

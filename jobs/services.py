@@ -1,0 +1,836 @@
+"""Jobs on clusters: submit, follow, stop, list; the only entry point other apps (recovery) use.
+
+```
+submit_job() ─ Job(PENDING) + working dir prepared on Volt's side ─▶ start_job_task (queue jobs)
+start_job():   Ray job submission API over HTTP with the cluster's token (never ray.init), submission id
+               volt-<install>-job-<id>-a<attempt> (a redelivered task finds it submitted)
+poll (beat):   status → JobStatus, new log text stored (logs outlive the cluster), VOLT_EVENT lines →
+               first_step_at / last_step, busbw samples (source job), checkpoints rescanned
+stop_job():    Ray stop → every host checked by the job's process marker, leftovers killed → STOPPED
+```
+Web processes only touch the database and Volt's own disk (the working dir); workers reach clusters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import shutil
+import tarfile
+import time
+import uuid
+import zipfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.db.models.functions import Length
+from django.utils import timezone
+
+from clusters import metrics
+from clusters import services as clusters
+from clusters.choices import ClusterStatus, MetricSource
+from clusters.models import Cluster, ClusterNode
+from clusters.provisioning import ray_http, ray_nodes
+from clusters.tenancy import ray_auth_token, ray_cluster_id, shared_storage_dir
+from inventory import services as inventory
+from inventory.choices import DriverKind
+from inventory.drivers.base import DriverError
+from jobs import transitions
+from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
+from jobs.models import Checkpoint, Job, JobEvent, JobLogChunk
+from voltweb import namespace, realtime
+from voltweb.statemachine import IllegalTransition
+
+logger = logging.getLogger(__name__)
+S = JobStatus
+
+WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
+CKPT_MODULE = "volt_ckpt.py"
+MIB = 1024 * 1024
+MAX_ENV_VARS = 64
+MAX_ENTRYPOINT = 2000
+LOG_PAGE_MAX = 256 * 1024  # characters one /logs/ answer carries at most
+BROADCAST_LOG_MAX = 64 * 1024  # a websocket `job_log` event carries at most this; pages fetch the rest
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED_ENV = ("VOLT_", "RAY_")  # Volt's contract with the job, and Ray's own switches
+RESERVED_NAMES = {"CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "LD_PRELOAD"}
+SUBMITTABLE = {ClusterStatus.READY}
+
+
+class JobInputError(ValueError):
+    """The request cannot be run as written: the message says what to change (API: 400)."""
+
+
+class ClusterNotReady(Exception):
+    """Jobs go to READY clusters only (API: 409)."""
+
+
+# --- the demo workload -------------------------------------------------------------------------------
+
+
+def demo_entrypoint(
+    steps: int = 60, checkpoint_every: int = 10, seed: int = 0, step_sleep: float = 0.0
+) -> str:
+    """The demo's command line (jobs/workloads/demo_train.py, run in its own folder)."""
+    command = f"python demo_train.py --steps {int(steps)} --checkpoint-every {int(checkpoint_every)} --seed {int(seed)}"
+    return command + (f" --step-sleep {float(step_sleep):g}" if step_sleep else "")
+
+
+DEMO_ENTRYPOINT = demo_entrypoint()
+
+
+# --- who sees what -----------------------------------------------------------------------------------
+
+
+def visible_jobs(user: AbstractBaseUser) -> QuerySet[Job]:
+    """Jobs on the clusters the caller sees (clusters.services.visible_clusters): another team's is a 404."""
+    return Job.objects.filter(cluster__in=clusters.visible_clusters(user))
+
+
+def job_payload(job: Job) -> dict:
+    """A job as websocket events carry it (no query)."""
+    when = lambda value: value.isoformat() if value else None  # noqa: E731
+    return {
+        "id": job.pk,
+        "cluster": job.cluster_id,
+        "name": job.name,
+        "status": job.status,
+        "status_reason": job.status_reason,
+        "attempt": job.attempt,
+        "last_step": job.last_step,
+        "first_step_at": when(job.first_step_at),
+        "started_at": when(job.started_at),
+        "finished_at": when(job.finished_at),
+        "log_size": job.log_size,
+        "url": f"/clusters/{job.cluster_id}/jobs/{job.pk}/",
+    }
+
+
+def _announce(job: Job) -> None:
+    realtime.broadcast(f"cluster-{job.cluster_id}", {"kind": "job", "job": job_payload(job)})
+
+
+def note(job: Job, message: str) -> None:
+    """A timeline line of the job that is not a status change."""
+    JobEvent.objects.create(job=job, message=message)
+
+
+# --- submit ------------------------------------------------------------------------------------------
+
+
+def validate_env(env: Any) -> dict[str, str]:
+    """The caller's environment variables as str → str; JobInputError says which one is wrong and why."""
+    if env in (None, ""):
+        return {}
+    if not isinstance(env, dict):
+        raise JobInputError('env must be an object of names to values, e.g. {"LR": "0.1"}.')
+    if len(env) > MAX_ENV_VARS:
+        raise JobInputError(f"env has {len(env)} variables; at most {MAX_ENV_VARS}.")
+    clean = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise JobInputError(f"env: {str(name)[:60]!r} is not a variable name (letters, digits, _).")
+        if name.startswith(RESERVED_ENV) or name in RESERVED_NAMES:
+            raise JobInputError(f"env: {name} is set by Volt or Ray for every job; choose another name.")
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise JobInputError(f"env: {name} must be a string or a number.")
+        text = str(value)
+        if len(text) > 4096 or "\x00" in text:
+            raise JobInputError(f"env: {name} is longer than 4096 characters or holds a NUL byte.")
+        clean[name] = text
+    return clean
+
+
+def validate_entrypoint(entrypoint: Any) -> str:
+    if not isinstance(entrypoint, str) or not entrypoint.strip():
+        raise JobInputError("entrypoint is empty: give the command to run, e.g. `python train.py`.")
+    if len(entrypoint) > MAX_ENTRYPOINT or "\x00" in entrypoint:
+        raise JobInputError(f"entrypoint must be at most {MAX_ENTRYPOINT} characters, without NUL bytes.")
+    return entrypoint.strip()
+
+
+def submit_job(
+    cluster: Cluster,
+    user: AbstractBaseUser | None,
+    entrypoint: str,
+    *,
+    working_dir: str | Path | None = None,
+    env: dict | None = None,
+    checkpoint_every: int = 10,
+    name: str = "",
+    is_demo: bool = False,
+) -> Job:
+    """Create a PENDING job on a READY cluster and queue its submission to Ray (after commit).
+
+    `working_dir`: a folder on Volt's machine shipped with the job (copied, with volt_ckpt.py added);
+    None ships a folder holding only volt_ckpt.py. Raises JobInputError (bad input) or ClusterNotReady.
+    """
+    entrypoint = validate_entrypoint(entrypoint)
+    env = validate_env(env)
+    if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
+        raise JobInputError("checkpoint_every must be a whole number of steps, 1 or more.")
+    if working_dir is not None and not Path(working_dir).is_dir():
+        raise JobInputError(f"working dir {working_dir} is not a folder.")
+    cluster.refresh_from_db(fields=["status"])
+    if cluster.status not in SUBMITTABLE:
+        raise ClusterNotReady(
+            f"Cluster {cluster.name} is {cluster.status}: jobs go to ready clusters. Wait until it is ready "
+            "(volt clusters wait ID) or request a new one."
+        )
+    with transaction.atomic():
+        job = Job.objects.create(
+            cluster=cluster,
+            team_id=cluster.team_id,
+            created_by=user if user is not None and user.is_authenticated else None,
+            name=(name or ("demo" if is_demo else entrypoint.split()[-1]))[:100],
+            entrypoint=entrypoint,
+            env=env,
+            checkpoint_every=checkpoint_every,
+            is_demo=is_demo,
+        )
+        job.working_dir = str(prepare_working_dir(job, Path(working_dir) if working_dir else None))
+        job.save(update_fields=["working_dir"])
+        JobEvent.objects.create(
+            job=job, to_status=S.PENDING, message=f"submitted by {user or 'Volt'}: {entrypoint}"
+        )
+        _announce(job)
+        _enqueue_start(job.pk)
+    return job
+
+
+def _enqueue_start(job_id: int) -> None:
+    from jobs.tasks import start_job_task
+
+    transaction.on_commit(lambda: start_job_task.delay(job_id))
+
+
+def workdirs_root() -> Path:
+    return Path(settings.VOLT_DATA_DIR) / "job-workdirs"
+
+
+def prepare_working_dir(job: Job, source: Path | None) -> Path:
+    """The folder Ray ships for `job`: a copy of `source` (or empty) with volt_ckpt.py beside the entrypoint."""
+    dest = workdirs_root() / str(job.pk)
+    if dest.exists():
+        shutil.rmtree(dest)
+    if source is not None:
+        shutil.copytree(source, dest, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else:
+        dest.mkdir(parents=True)
+    module = WORKLOADS_DIR / CKPT_MODULE
+    if module.exists():
+        shutil.copy2(module, dest / CKPT_MODULE)
+    return dest
+
+
+def unpack_upload(upload, *, max_bytes: int | None = None) -> Path:
+    """Unpack an uploaded .zip / .tar.gz / .tgz / .tar working dir into a new folder; JobInputError if it is
+    too large (compressed or unpacked), of another kind, damaged, or holds paths outside itself."""
+    limit = max_bytes or settings.VOLT_JOB_UPLOAD_MAX_MB * MIB
+    name = (getattr(upload, "name", "") or "").lower()
+    size = getattr(upload, "size", None) or 0
+    too_large = (
+        f"The working directory archive is larger than {limit // MIB} MiB (VOLT_JOB_UPLOAD_MAX_MB): leave data "
+        "sets and checkpoints out of it and read them from the cluster's shared storage."
+    )
+    if size > limit:
+        raise JobInputError(too_large)
+    dest = workdirs_root() / "uploads" / uuid.uuid4().hex
+    dest.mkdir(parents=True)
+    try:
+        if name.endswith(".zip"):
+            _unzip(upload, dest, limit, too_large)
+        elif name.endswith((".tar.gz", ".tgz", ".tar")):
+            _untar(upload, dest, limit, too_large)
+        else:
+            raise JobInputError("working_dir must be a .zip or .tar.gz archive of the job's folder.")
+    except JobInputError:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise JobInputError(f"working_dir could not be unpacked ({type(exc).__name__}: {exc}).") from None
+    return dest
+
+
+def _safe_member(name: str) -> bool:
+    parts = Path(name).parts
+    return bool(name) and not Path(name).is_absolute() and ".." not in parts and "\x00" not in name
+
+
+def _unzip(upload, dest: Path, limit: int, too_large: str) -> None:
+    with zipfile.ZipFile(upload) as archive:
+        members = archive.infolist()
+        if sum(m.file_size for m in members) > limit:
+            raise JobInputError(too_large + " (unpacked)")
+        for member in members:
+            if not _safe_member(member.filename):
+                raise JobInputError(
+                    f"working_dir holds a path outside its folder: {member.filename[:100]!r}."
+                )
+            if (member.external_attr >> 16) & 0o170000 == 0o120000:
+                raise JobInputError(
+                    f"working_dir holds a symbolic link ({member.filename[:100]}): not allowed."
+                )
+        archive.extractall(dest)
+
+
+def _untar(upload, dest: Path, limit: int, too_large: str) -> None:
+    with tarfile.open(fileobj=upload, mode="r:*") as archive:
+        members = archive.getmembers()
+        if sum(m.size for m in members if m.isfile()) > limit:
+            raise JobInputError(too_large + " (unpacked)")
+        for member in members:
+            if not _safe_member(member.name) or not (member.isfile() or member.isdir()):
+                raise JobInputError(
+                    f"working_dir holds {member.name[:100]!r}: only plain files and folders inside it are allowed."
+                )
+        archive.extractall(dest, filter="data")
+
+
+# --- what the job gets on the cluster ----------------------------------------------------------------
+
+
+def submission_id(job: Job, attempt: int | None = None) -> str:
+    """Ray's submission id for one attempt: unique per install, so a redelivered submit finds its job."""
+    return f"volt-{namespace.current_id()}-job-{job.pk}-a{attempt or job.attempt}"
+
+
+def job_marker(job: Job) -> str:
+    """VOLT_JOB_MARKER: every process of the job carries it (ray_nodes.job_processes finds them by it)."""
+    return f"{ray_cluster_id(job.cluster)}/job-{job.pk}"
+
+
+def _local(cluster: Cluster) -> bool:
+    head = _nodes(cluster)[:1]
+    return bool(head) and head[0].host.driver == DriverKind.LOCAL
+
+
+def _nodes(cluster: Cluster) -> list[ClusterNode]:
+    return list(
+        cluster.nodes.filter(released_at__isnull=True, slot__isnull=False)
+        .select_related("host__provider")
+        .order_by("-is_head", "rank")
+    )
+
+
+def checkpoint_dir(job: Job) -> str:
+    """`<storage>/jobs/<id>/checkpoints` on the cluster's shared storage (local hosts: this machine's folder;
+    ssh hosts: under the cluster's workdir, ${HOME} expanded by Ray)."""
+    cluster = job.cluster
+    if _local(cluster):
+        return str(shared_storage_dir(cluster) / "jobs" / str(job.pk) / "checkpoints")
+    return f"{cluster.storage_path.replace('~', '${HOME}', 1)}/jobs/{job.pk}/checkpoints"
+
+
+def runtime_env(job: Job) -> dict:
+    """The Ray runtime_env of the job's current attempt (JOBS_CONTRACT.md's environment)."""
+    env = {
+        **job.env,
+        "VOLT_JOB_ID": str(job.pk),
+        "VOLT_CHECKPOINT_DIR": checkpoint_dir(job),
+        "VOLT_CHECKPOINT_EVERY": str(job.checkpoint_every),
+        "VOLT_NUM_NODES": str(len(_nodes(job.cluster)) or 1),
+        ray_nodes.JOB_MARKER_VAR: job_marker(job),
+    }
+    if job.resume_from:
+        env["VOLT_RESUME_FROM"] = job.resume_from
+    if _local(job.cluster):
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return {"working_dir": job.working_dir, "excludes": ["__pycache__"], "env_vars": env}
+
+
+def ray_client(cluster: Cluster):
+    """Ray's job submission client for the cluster's head, with its token on every request."""
+    from ray.job_submission import JobSubmissionClient  # heavy import: only in workers, when used
+
+    return JobSubmissionClient(cluster.dashboard_url, headers=ray_http.auth_headers(ray_auth_token(cluster)))
+
+
+def start_job(job_id: int) -> Job:
+    """Submit a PENDING job's current attempt to Ray (the task body). Idempotent."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    if job.status != S.PENDING or job.ray_submission_id or job.stop_requested_at:
+        return job
+    if not job.cluster.dashboard_url:
+        return transitions.transition(job, S.FAILED, "its cluster has no Ray head to submit to",
+                                      extra={"finished_at": timezone.now()})  # fmt: skip
+    wanted = submission_id(job)
+    try:
+        client = ray_client(job.cluster)
+        if job.attempt > 1:
+            _stop_previous_attempt(job, client)
+        try:
+            client.get_job_info(wanted)  # submitted before a redelivery: nothing more to do
+        except RuntimeError:
+            client.submit_job(
+                entrypoint=job.entrypoint,
+                runtime_env=runtime_env(job),
+                submission_id=wanted,
+                metadata={"volt_job": str(job.pk), "attempt": str(job.attempt)},
+            )
+    except (RuntimeError, OSError, ValueError, ConnectionError) as exc:
+        return transitions.transition(
+            job,
+            S.FAILED,
+            f"Ray refused the submission: {str(exc)[:500]}",
+            extra={"finished_at": timezone.now()},
+        )
+    updated = Job.objects.filter(pk=job.pk, status=S.PENDING).update(
+        ray_submission_id=wanted, submitted_at=timezone.now(), ray_log_seen=0
+    )
+    job.refresh_from_db()
+    if updated:
+        note(job, f"submitted to Ray as {wanted} (attempt {job.attempt})")
+        _announce(job)
+    return job
+
+
+def _stop_previous_attempt(job: Job, client) -> None:
+    """A resubmission starts only once the previous attempt's processes are gone (it may still run on the
+    nodes that survived)."""
+    try:
+        client.stop_job(submission_id(job, job.attempt - 1))
+    except (RuntimeError, OSError):
+        pass
+    problems = ensure_processes_gone(job)
+    if problems:
+        note(job, "before resubmitting: " + "; ".join(problems))
+
+
+# --- follow ------------------------------------------------------------------------------------------
+
+
+def polled_job_ids() -> list[int]:
+    """Jobs the poller follows: submitted and not ended (interrupted ones too: logs, checkpoints)."""
+    return list(
+        Job.objects.filter(status__in=LIVE | WAITING)
+        .exclude(ray_submission_id="")
+        .values_list("pk", flat=True)
+    )
+
+
+def requeue_stuck_submissions(older_than_s: float = 60.0) -> int:
+    """PENDING jobs never submitted (their worker died, or the task was lost): queue the submission again."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
+    stuck = Job.objects.filter(
+        status=S.PENDING, ray_submission_id="", stop_requested_at__isnull=True, updated_at__lt=cutoff
+    )
+    ids = list(stuck.values_list("pk", flat=True))
+    for job_id in ids:
+        Job.objects.filter(pk=job_id).update(updated_at=timezone.now())
+        _enqueue_start(job_id)
+    return len(ids)
+
+
+def poll_job(job_id: int) -> str:
+    """One look at a submitted job: Ray status, new log text, its events, checkpoints. Skipped while another
+    poll of the same job runs (a Redis lock)."""
+    lock = f"job-poll-{namespace.current_id()}-{job_id}"
+    if not cache.add(lock, 1, timeout=max(60, int(3 * settings.VOLT_JOB_POLL_S))):
+        return "busy"
+    try:
+        job = Job.objects.select_related("cluster").get(pk=job_id)
+        if job.status not in LIVE | WAITING or not job.ray_submission_id:
+            return job.status
+        return _poll(job).status
+    finally:
+        cache.delete(lock)
+
+
+def _poll(job: Job) -> Job:
+    try:
+        client = ray_client(job.cluster)
+        info = client.get_job_info(job.ray_submission_id)
+        logs = client.get_job_logs(job.ray_submission_id)
+    except (RuntimeError, OSError, ValueError, ConnectionError) as exc:
+        logger.info("job %s: head did not answer: %s", job.pk, exc)
+        if "does not exist" in str(exc) and job.status in LIVE and job.cluster.status == ClusterStatus.READY:
+            return transitions.transition(
+                job, S.FAILED, "Ray no longer knows the job (its head restarted?)",
+                extra={"finished_at": timezone.now()},
+            )  # fmt: skip
+        return job
+    ray_status = str(getattr(info.status, "value", info.status))
+    terminal = FROM_RAY.get(ray_status) in TERMINAL
+    events = store_log(job, logs, final=terminal)
+    rescan = apply_events(job, events) or terminal
+    if rescan:
+        rescan_checkpoints(job)
+    return _follow_status(job, ray_status, info.message or "", logs)
+
+
+def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
+    job.refresh_from_db()
+    target = FROM_RAY.get(ray_status)
+    if job.status in WAITING or target is None or target == job.status:
+        return job
+    now = timezone.now()
+    if target == S.RUNNING:
+        return transitions.transition(job, S.RUNNING, "Ray started the entrypoint", extra={"started_at": now})
+    if target == S.PENDING:
+        return job
+    extra = {"finished_at": now, **({} if job.started_at else {"started_at": now})}
+    if target == S.SUCCEEDED:
+        reason = "the entrypoint exited 0"
+    elif target == S.STOPPED:
+        # A stop Volt asked for carries its reason (the user's, or the cluster's termination).
+        reason = (
+            (job.status_reason or "stopped on request")
+            if job.stop_requested_at
+            else f"stopped by Ray: {message}"
+        )
+    else:
+        tail = "\n".join(logs.strip().splitlines()[-5:])
+        reason = f"{message or 'the entrypoint failed'}" + (f"\n{tail}" if tail else "")
+    extra["status_reason"] = reason[:2000]
+    return transitions.transition(job, target, reason[:2000], extra=extra)
+
+
+def store_log(job: Job, logs: str, *, final: bool) -> list[dict]:
+    """Keep the part of the Ray log not stored yet (whole lines while the job runs) and broadcast it;
+    answer the VOLT_EVENTs in it."""
+    new = logs[job.ray_log_seen :]
+    if not final and "\n" in new:
+        new = new[: new.rindex("\n") + 1]
+    elif not final:
+        new = ""  # half a line: wait for the rest
+    if not new:
+        return []
+    room = max(0, settings.VOLT_JOB_LOG_MAX_MB * MIB - job.log_size)
+    kept = new[:room]
+    if len(kept) < len(new) and room:
+        kept += f"\n[volt: log cut at VOLT_JOB_LOG_MAX_MB={settings.VOLT_JOB_LOG_MAX_MB}]\n"
+    with transaction.atomic():
+        offset = job.log_size
+        if kept:
+            JobLogChunk.objects.create(job=job, offset=offset, attempt=job.attempt, text=kept)
+        Job.objects.filter(pk=job.pk).update(
+            log_size=F("log_size") + len(kept), ray_log_seen=F("ray_log_seen") + len(new)
+        )
+        job.log_size += len(kept)
+        job.ray_log_seen += len(new)
+        if kept:
+            realtime.broadcast(
+                f"cluster-{job.cluster_id}",
+                {"kind": "job_log", "job": job.pk, "offset": offset, "text": kept[:BROADCAST_LOG_MAX],
+                 "next_offset": offset + len(kept), "truncated": len(kept) > BROADCAST_LOG_MAX},
+            )  # fmt: skip
+    return parse_events(new)
+
+
+def parse_events(text: str) -> list[dict]:
+    """The VOLT_EVENT lines of `text` (volt_ckpt.parse_event), malformed ones skipped."""
+    from jobs.workloads import volt_ckpt
+
+    events = []
+    for line in text.splitlines():
+        if "VOLT_EVENT" not in line:
+            continue
+        try:
+            event = volt_ckpt.parse_event(line[line.index("VOLT_EVENT") :])
+        except (ValueError, TypeError, KeyError):
+            event = None
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def apply_events(job: Job, events: list[dict]) -> bool:
+    """Steps → first_step_at / last_step; busbw → bandwidth samples of source "job"; done → result.
+    Returns whether a checkpoint was announced (the caller rescans)."""
+    updates: dict[str, Any] = {}
+    rescan = False
+    last_step = job.last_step
+    for event in events:
+        kind, step = event.get("kind"), _number(event.get("step"))
+        if step is not None and kind in ("step", "done", "checkpoint", "busbw"):
+            last_step = max(int(step), last_step if last_step is not None else int(step))
+            updates["last_step"] = last_step
+        if kind == "step" and job.first_step_at is None and "first_step_at" not in updates:
+            when = _number(event.get("time"))
+            updates["first_step_at"] = datetime.fromtimestamp(when, UTC) if when else timezone.now()
+        elif kind == "busbw":
+            busbw = _number(event.get("busbw_gbps"))
+            if busbw is not None and busbw >= 0:
+                metrics.record_busbw(job.cluster, busbw, source=MetricSource.JOB)
+        elif kind == "checkpoint":
+            rescan = True
+        elif kind == "done":
+            updates["result"] = {k: v for k, v in event.items() if isinstance(v, str | int | float)}
+            rescan = True
+        elif kind == "resumed":
+            note(job, f"resumed from step {event.get('step')} ({str(event.get('path'))[:300]})")
+    if updates:
+        Job.objects.filter(pk=job.pk).update(**updates)
+        for name, value in updates.items():
+            setattr(job, name, value)
+        _announce(job)
+    return rescan
+
+
+def read_log(job: Job, offset: int = 0, limit: int = LOG_PAGE_MAX) -> dict:
+    """Stored log text from `offset` (characters), at most `limit`; `next_offset` is where to ask next."""
+    offset, limit = max(0, int(offset)), max(1, min(int(limit), LOG_PAGE_MAX))
+    chunks = (
+        job.log_chunks.annotate(end=F("offset") + Length("text"))
+        .filter(end__gt=offset, offset__lt=offset + limit)
+        .order_by("offset")
+    )
+    text = "".join(c.text[max(0, offset - c.offset) :] for c in chunks)[:limit]
+    return {
+        "offset": offset,
+        "next_offset": offset + len(text),
+        "size": job.log_size,
+        "text": text,
+        "complete": job.status in TERMINAL and offset + len(text) >= job.log_size,
+        "status": job.status,
+    }
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+
+
+def scan_storage(job: Job) -> list[dict]:
+    """volt_ckpt.scan of the job's checkpoint dir: this machine's folder for local hosts, else
+    `python3 volt_ckpt.py scan DIR` on the head through its host driver."""
+    from jobs.workloads import volt_ckpt
+
+    nodes = _nodes(job.cluster)
+    if not nodes:
+        return []
+    if nodes[0].host.driver == DriverKind.LOCAL:
+        folder = Path(checkpoint_dir(job))
+        return volt_ckpt.scan(str(folder)) if folder.is_dir() else []
+    workdir = ray_nodes.workdir_for(ray_cluster_id(job.cluster))
+    folder = checkpoint_dir(job).replace("${HOME}", "$HOME")
+    with inventory.driver_for(nodes[0].host) as driver:
+        driver.copy_file(WORKLOADS_DIR / CKPT_MODULE, f"{workdir}/{CKPT_MODULE}")
+        command = f'cd ~/{workdir} && [ -d "{folder}" ] && {shlex.quote(settings.VOLT_HOST_PYTHON)} {CKPT_MODULE} scan "{folder}" || echo "[]"'
+        result = driver.run(command, timeout=60)
+    if not result.ok:
+        raise DriverError(f"checkpoint scan failed on {nodes[0].host.name}: {result.stderr.strip()[:300]}")
+    return json.loads(result.stdout.strip().splitlines()[-1] or "[]")
+
+
+def rescan_checkpoints(job: Job) -> list[Checkpoint]:
+    """Record what is on storage now: one Checkpoint row per `step-*` folder, synchronized or why not."""
+    try:
+        found = scan_storage(job)
+    except (DriverError, OSError, ValueError) as exc:
+        logger.warning("job %s: checkpoint scan failed: %s", job.pk, exc)
+        return list(job.checkpoints.all())
+    seen = set()
+    for entry in found:
+        seen.add(entry["path"])
+        created = _number(entry.get("created"))
+        Checkpoint.objects.update_or_create(
+            job=job,
+            path=entry["path"],
+            defaults={
+                "step": int(entry.get("step") or 0),
+                "size_bytes": int(entry.get("bytes") or 0),
+                "created": datetime.fromtimestamp(created, UTC) if created else None,
+                "synchronized": bool(entry.get("synchronized")),
+                "reason": str(entry.get("reason") or "")[:1000],
+                "world_size": entry.get("world_size") if isinstance(entry.get("world_size"), int) else None,
+            },
+        )
+    job.checkpoints.exclude(path__in=seen).update(synchronized=False, reason="no longer on shared storage")
+    rows = list(job.checkpoints.all())
+    realtime.broadcast(
+        f"cluster-{job.cluster_id}",
+        {"kind": "job_checkpoints", "job": job.pk, "checkpoints": [checkpoint_payload(c) for c in rows]},
+    )
+    return rows
+
+
+def checkpoint_payload(c: Checkpoint) -> dict:
+    return {"step": c.step, "path": c.path, "size_bytes": c.size_bytes, "synchronized": c.synchronized,
+            "reason": c.reason, "created": c.created.isoformat() if c.created else None}  # fmt: skip
+
+
+def latest_synchronized_checkpoint(job: Job) -> Checkpoint | None:
+    """The newest checkpoint every rank finished (rescanned first): the only kind ever resumed from."""
+    rescan_checkpoints(job)
+    return job.checkpoints.filter(synchronized=True).order_by("-step").first()
+
+
+# --- stop --------------------------------------------------------------------------------------------
+
+
+def stop_job(job: Job, *, reason: str = "", wait: bool = False, actor: AbstractBaseUser | None = None) -> Job:
+    """Stop a job: one never submitted ends at once; a submitted one is stopped through Ray by a worker
+    (stop_job_task; `wait=True` does it in this call), which checks every host for its processes.
+    Raises IllegalTransition for a job that already ended."""
+    reason = reason or f"stopped by {actor or 'Volt'}"
+    job.refresh_from_db()
+    if job.status in TERMINAL:
+        raise IllegalTransition(job, job.status, S.STOPPED)
+    if not job.ray_submission_id and job.status == S.PENDING:
+        stopped = Job.objects.filter(pk=job.pk).update(stop_requested_at=timezone.now())
+        if stopped:
+            return transitions.transition(job, S.STOPPED, reason, extra={"finished_at": timezone.now(),
+                                                                         "status_reason": reason})  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(stop_requested_at=timezone.now(), status_reason=reason[:2000])
+    job.stop_requested_at = timezone.now()
+    note(job, f"stop requested: {reason}")
+    if wait:
+        return finish_stop(job.pk, reason)
+    from jobs.tasks import stop_job_task
+
+    job_id = job.pk
+    transaction.on_commit(lambda: stop_job_task.delay(job_id, reason))
+    return job
+
+
+def finish_stop(job_id: int, reason: str) -> Job:
+    """Ask Ray to stop the job, wait for it, make sure none of its processes is left on any host (killing
+    leftovers), store the last logs, then STOPPED (unless it had ended by itself meanwhile)."""
+    job = Job.objects.select_related("cluster").get(pk=job_id)
+    problems = []
+    if job.ray_submission_id:
+        problems += _stop_through_ray(job, settings.VOLT_JOB_STOP_TIMEOUT_S)
+    problems += ensure_processes_gone(job)
+    if job.ray_submission_id:
+        try:
+            _poll(job)  # the last lines (and the status Ray ended with)
+        except Exception:  # noqa: BLE001 - logs are best effort next to the stop
+            logger.warning("job %s: last poll after stop failed", job.pk, exc_info=True)
+    job.refresh_from_db()
+    if job.status in LIVE | WAITING:
+        detail = f"; {'; '.join(problems)}" if problems else ""
+        job = transitions.transition(job, S.STOPPED, reason + detail, extra={
+            "finished_at": timezone.now(), "status_reason": (reason + detail)[:2000]})  # fmt: skip
+    elif problems:
+        note(job, "; ".join(problems))
+    return job
+
+
+def _stop_through_ray(job: Job, timeout_s: float) -> list[str]:
+    try:
+        client = ray_client(job.cluster)
+        client.stop_job(job.ray_submission_id)
+        deadline = time.monotonic() + timeout_s
+        while not client.get_job_status(job.ray_submission_id).is_terminal():
+            if time.monotonic() > deadline:
+                return [f"Ray did not stop it within {timeout_s:g} s"]
+            time.sleep(0.5)
+    except (RuntimeError, OSError, ValueError, ConnectionError) as exc:
+        return [f"Ray's stop failed ({str(exc)[:200]})"]
+    return []
+
+
+def job_processes_by_host(job: Job, *, kill: bool = False) -> dict[str, list[int]]:
+    """PIDs of the job's processes per host name (every active node of its cluster)."""
+    found = {}
+    for node in _nodes(job.cluster):
+        with inventory.driver_for(node.host) as driver:
+            found[node.host.name] = ray_nodes.job_processes(
+                driver, ray_cluster_id(job.cluster), job_marker(job), kill=kill
+            )
+    return found
+
+
+def ensure_processes_gone(job: Job, timeout_s: float | None = None) -> list[str]:
+    """Wait (bounded) until no process of the job runs on any host; kill what is left. Problems, or []."""
+    deadline = time.monotonic() + (timeout_s or settings.VOLT_JOB_STOP_TIMEOUT_S)
+    problems: list[str] = []
+    for node in _nodes(job.cluster):
+        try:
+            with inventory.driver_for(node.host) as driver:
+                args = (driver, ray_cluster_id(job.cluster), job_marker(job))
+                while ray_nodes.job_processes(*args) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                killed = ray_nodes.job_processes(*args)
+                if killed:
+                    left = ray_nodes.job_processes(*args, kill=True)
+                    problems.append(f"killed {len(killed)} leftover process(es) on {node.host.name}")
+                    if left:
+                        problems.append(f"{len(left)} process(es) still on {node.host.name}: {left}")
+        except (DriverError, ValueError) as exc:
+            problems.append(f"could not check {node.host.name}: {str(exc)[:200]}")
+    return problems
+
+
+# --- the cluster's lifecycle (clusters/hooks.py) ------------------------------------------------------
+
+
+def stop_cluster_jobs(cluster: Cluster) -> None:
+    """Before a terminated cluster's processes stop: its jobs are stopped through Ray (briefly: the
+    teardown that follows stops every process anyway) and end STOPPED with the reason."""
+    for job in Job.objects.filter(cluster=cluster, status__in=LIVE | WAITING).select_related("cluster"):
+        reason = f"its cluster {cluster.name} was terminated"
+        Job.objects.filter(pk=job.pk).update(stop_requested_at=timezone.now(), status_reason=reason)
+        job.refresh_from_db()
+        problems = _stop_through_ray(job, 10.0) if job.ray_submission_id else []
+        if job.ray_submission_id:
+            try:
+                _poll(job)
+            except Exception:  # noqa: BLE001 - the logs are best effort here
+                pass
+        job.refresh_from_db()
+        if job.status in LIVE | WAITING:
+            detail = f" ({'; '.join(problems)})" if problems else ""
+            transitions.transition(job, S.STOPPED, reason + detail,
+                                   extra={"finished_at": timezone.now(), "status_reason": reason})  # fmt: skip
+
+
+def cluster_status_changed(cluster: Cluster, previous: str, target: str, reason: str) -> None:
+    """DEGRADED interrupts the cluster's running jobs (recovery resumes them); a failed cluster fails them,
+    an ended one stops what is left."""
+    moves = {
+        ClusterStatus.DEGRADED: (LIVE, S.INTERRUPTED, f"its cluster went degraded: {reason}"),
+        ClusterStatus.FAILED: (LIVE | WAITING, S.FAILED, f"its cluster failed: {reason}"),
+        ClusterStatus.TERMINATED: (LIVE | WAITING, S.STOPPED, "its cluster was terminated"),
+    }
+    if target not in moves:
+        return
+    sources, to, why = moves[target]
+    for job in Job.objects.filter(cluster=cluster, status__in=sources):
+        try:
+            transitions.transition(job, to, why[:2000], extra={
+                "status_reason": why[:2000], **({} if to == S.INTERRUPTED else {"finished_at": timezone.now()})})  # fmt: skip
+        except IllegalTransition:
+            continue  # it ended meanwhile
+
+
+# --- recovery (issue 14) -----------------------------------------------------------------------------
+
+
+def jobs_to_resume(cluster: Cluster) -> list[Job]:
+    """The cluster's interrupted jobs, oldest first."""
+    return list(Job.objects.filter(cluster=cluster, status=S.INTERRUPTED).order_by("created_at", "pk"))
+
+
+def resubmit_job(job: Job, *, resume_from: str | None) -> Job:
+    """A new attempt of an interrupted job (same row, logs and checkpoint dir), VOLT_RESUME_FROM set when
+    `resume_from` is given; submitted by a worker after commit (the previous attempt is stopped first)."""
+    attempt = job.attempt + 1
+    message = f"resubmitted as attempt {attempt}" + (f", resuming from {resume_from}" if resume_from else "")
+    with transaction.atomic():
+        job = transitions.transition(job, S.PENDING, message, extra={
+            "attempt": attempt, "resume_from": resume_from or "", "ray_submission_id": "", "ray_log_seen": 0,
+            "submitted_at": None, "finished_at": None, "stop_requested_at": None, "status_reason": ""})  # fmt: skip
+        marker = f"\n[volt: attempt {attempt}{' from ' + resume_from if resume_from else ''}]\n"
+        JobLogChunk.objects.create(job=job, offset=job.log_size, attempt=attempt, text=marker)
+        Job.objects.filter(pk=job.pk).update(log_size=F("log_size") + len(marker))
+        job.refresh_from_db()
+        _enqueue_start(job.pk)
+    return job

@@ -1,0 +1,55 @@
+"""The job lifecycle: one table of allowed moves and transition(), as clusters/transitions.py."""
+
+from __future__ import annotations
+
+from jobs.choices import JobStatus
+from jobs.models import Job, JobEvent
+from voltweb import realtime, statemachine
+
+S = JobStatus
+JOB_TRANSITIONS: dict[str, dict[str, str]] = {
+    S.PENDING: {
+        S.RUNNING: "Ray started the job's entrypoint",
+        S.SUCCEEDED: "finished between two polls",
+        S.FAILED: "submission refused, or the entrypoint failed at once",
+        S.STOPPED: "stopped before it ran",
+        S.INTERRUPTED: "its cluster went degraded",
+    },
+    S.RUNNING: {
+        S.SUCCEEDED: "the entrypoint exited 0",
+        S.FAILED: "the entrypoint exited non-zero (or Ray lost it)",
+        S.STOPPED: "stopped on request, or its cluster was terminated",
+        S.INTERRUPTED: "its cluster went degraded",
+    },
+    S.INTERRUPTED: {
+        S.PENDING: "resubmitted by recovery",
+        S.FAILED: "recovery impossible",
+        S.STOPPED: "stopped on request, or its cluster was terminated",
+    },
+    S.SUCCEEDED: {},
+    S.FAILED: {},
+    S.STOPPED: {},
+}
+
+
+def transition(job: Job, to: str, reason: str = "", extra: dict | None = None) -> Job:
+    """Move `job` to `to` from an allowed status (else IllegalTransition), with a timeline event; the
+    cluster's page hears of it after commit."""
+
+    def record(previous: str, target: str) -> None:
+        JobEvent.objects.create(
+            job=job,
+            from_status=previous,
+            to_status=target,
+            message=reason or JOB_TRANSITIONS[previous][target],
+        )
+
+    def announce() -> None:
+        from jobs.services import job_payload
+
+        realtime.broadcast(
+            f"cluster-{job.cluster_id}", {"kind": "job", "job": job_payload(job), "reason": reason}
+        )
+
+    return statemachine.apply(job, to, JOB_TRANSITIONS, field="status", extra=extra, record=record,
+                              after_commit=announce)  # fmt: skip

@@ -1,0 +1,81 @@
+// A job's page, live: its log, status and checkpoints arrive through the cluster's websocket (events
+// `job`, `job_log`, `job_checkpoints` of this job). The log starts from the API and catches up from it
+// whenever an event does not continue exactly where the page is (reconnects, long lines, a slow client).
+(function () {
+  "use strict";
+  const root = document.getElementById("job-live");
+  if (!root) return;
+  const jobId = Number(root.dataset.job);
+  const $ = (id) => document.getElementById(id);
+  const state = {offset: 0, fetching: false, retry: 0, status: null, lines: 0};
+  const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+
+  function append(text) {
+    const log = $("job-log");
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 20;
+    log.appendChild(document.createTextNode(text));
+    state.lines += (text.match(/\n/g) || []).length;
+    log.dataset.lines = String(state.lines);
+    if (atBottom) log.scrollTop = log.scrollHeight;
+  }
+
+  function catchUp() {
+    if (state.fetching) return;
+    state.fetching = true;
+    fetch(root.dataset.logs + "?offset=" + state.offset, {headers: {Accept: "application/json"}})
+      .then((r) => r.json()).then((page) => {
+        state.fetching = false;
+        if (page.text) { append(page.text); state.offset = page.next_offset; }
+        if (page.next_offset < page.size) catchUp();
+      }).catch(() => { state.fetching = false; });
+  }
+
+  function setStatus(job) {
+    const badge = $("job-status");
+    badge.className = "state state-" + job.status;
+    badge.textContent = job.status.charAt(0).toUpperCase() + job.status.slice(1);
+    if (job.last_step != null) $("job-step").textContent = job.last_step;
+    if (job.first_step_at) $("job-first-step").textContent = new Date(job.first_step_at).toLocaleTimeString();
+    const reason = $("job-reason");
+    if (job.status_reason && job.status !== "succeeded") { reason.hidden = false; reason.textContent = job.status_reason; }
+    const stop = $("stop-form");
+    if (stop && !["pending", "running", "interrupted"].includes(job.status)) stop.hidden = true;
+    if (state.status && state.status !== job.status) catchUp();
+    state.status = job.status;
+  }
+
+  function drawCheckpoints(rows) {
+    const body = $("checkpoints-table").querySelector("tbody");
+    if (!rows.length) return;
+    body.innerHTML = rows.map((c) => `<tr><td class="num">${c.step}</td><td>${c.synchronized ? '<span class="state state-ready">yes</span>' : '<span class="state state-failed">no</span>'}</td>` +
+      `<td>${esc(c.reason) || "—"}</td><td class="num">${(c.size_bytes / 1024).toFixed(1)} KB</td>` +
+      `<td>${c.created ? new Date(c.created).toLocaleTimeString() : "—"}</td><td class="mono small">${esc(c.path)}</td></tr>`).join("");
+    body.dataset.synchronized = String(rows.filter((c) => c.synchronized).length);
+  }
+
+  const handlers = {
+    snapshot: () => catchUp(),
+    job: (e) => { if (e.job && e.job.id === jobId) setStatus(e.job); },
+    job_log: (e) => {
+      if (e.job !== jobId) return;
+      if (e.offset === state.offset && !e.truncated) { append(e.text); state.offset = e.next_offset; }
+      else if (e.next_offset > state.offset) catchUp();
+    },
+    job_checkpoints: (e) => { if (e.job === jobId) drawCheckpoints(e.checkpoints || []); },
+  };
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const socket = new WebSocket(scheme + location.host + root.dataset.ws);
+    socket.onopen = () => { state.retry = 0; $("job-connection").textContent = "live"; };
+    socket.onmessage = (m) => { const e = JSON.parse(m.data); (handlers[e.kind] || (() => {}))(e); };
+    socket.onclose = (e) => {
+      if (e.code === 4404) { $("job-connection").textContent = "not allowed"; return; }
+      const delay = Math.min(30000, 500 * 2 ** state.retry++) * (0.5 + Math.random() / 2);
+      $("job-connection").textContent = "reconnecting…";
+      setTimeout(connect, delay);
+    };
+  }
+  window.voltJobLive = state;
+  connect();
+})();

@@ -1,0 +1,135 @@
+"""Submitting the demo workload from the console: the job page's log fills live, and the cluster page's
+bandwidth chart gains the training's own all-reduce samples (source "job") — neither page reloads.
+
+The cluster is real (Ray on two demo local hosts, provisioned by the stack's worker); the stack runs no
+beat, so the test sends the job poller's task to the worker every second, as beat would.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import urllib.request
+
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.browser
+READY_TIMEOUT_S = 600
+
+
+def _alice_token() -> str:
+    from django.contrib.auth import get_user_model
+
+    from tests.clusters.live_helpers import start_cluster_ids_at
+    from voltweb import services as accounts
+
+    start_cluster_ids_at(random.randrange(100_000, 900_000))
+    return accounts.create_api_token(get_user_model().objects.get(username="alice"), "browser-jobs").secret
+
+
+def _request_cluster(stack, token: str) -> int:
+    body = json.dumps({"name": "jobs-browser", "nodes": 2, "gpus_per_node": 1, "gpu_models": ["H100"],
+                       "team": "demo-lab"}).encode()  # fmt: skip
+    request = urllib.request.Request(
+        f"{stack.url}/api/v1/clusters/", body, method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["id"]
+
+
+def _status(cluster_id: int) -> tuple[str, str]:
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.get(pk=cluster_id)
+    return cluster.status, cluster.failure_message
+
+
+def _terminate(cluster_id: int) -> None:
+    from clusters import services
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.get(pk=cluster_id)
+    if cluster.status in services.LIVE:
+        services.terminate_cluster(cluster, wait=True)
+    elif cluster.status == "terminating":
+        services.finish_termination(cluster)
+
+
+class Poller:
+    """Sends jobs.tasks.poll_jobs_task to the stack's worker every second (the stack has no beat)."""
+
+    def __init__(self, stack):
+        from celery import Celery
+
+        self.app = Celery("volt-browser-jobs-beat", broker=stack.redis_url)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        for _ in range(900):  # bounded: 15 minutes at most
+            if self.stop.wait(1.0):
+                return
+            self.app.send_task("jobs.tasks.poll_jobs_task", queue="jobs", expires=2)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+        self.app.close()
+
+
+def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, screenshot, live_stack, orm):
+    cluster_id = _request_cluster(live_stack, orm(_alice_token))
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while (status := orm(_status, cluster_id))[0] not in ("ready", "failed"):
+            assert time.monotonic() < deadline, f"cluster still {status[0]} after {READY_TIMEOUT_S} s"
+            time.sleep(2)
+        assert status[0] == "ready", status[1]
+
+        page = login("alice")
+        page.goto(f"/clusters/{cluster_id}/")
+        expect(page.locator("#no-jobs")).to_be_visible()
+        page.locator("#submit-job").click()
+        expect(page.locator("#job-form")).to_be_visible()
+        page.fill("#id_steps", "60")
+        page.fill("#id_step_sleep", "0.3")
+        page.fill("#id_checkpoint_every", "10")
+        with Poller(live_stack):
+            page.locator("#job-submit").click()
+            expect(page.locator("#job-connection")).to_have_text("live", timeout=15_000)
+            page.evaluate("window.__notReloaded = true")
+
+            # The cluster page, open beside it while the job trains: its chart gains job samples.
+            cluster_page = page.context.new_page()
+            cluster_page.goto(f"/clusters/{cluster_id}/")
+            expect(cluster_page.locator("#live-connection")).to_have_text("live", timeout=15_000)
+            cluster_page.evaluate("window.__notReloaded = true")
+            chart = cluster_page.locator("#busbw-chart")
+            before = int(chart.get_attribute("data-job-points") or 0)
+
+            expect(page.locator("#job-log")).to_contain_text("VOLT_EVENT", timeout=240_000)
+            expect(page.locator("#job-status")).to_have_text("Running", timeout=30_000)
+            expect(cluster_page.locator("#jobs-table .job-status").first).to_have_text("Running", timeout=30_000)
+            cluster_page.wait_for_function(
+                f"Number(document.getElementById('busbw-chart').dataset.jobPoints || 0) > {before}",
+                timeout=120_000,
+            )
+            names = cluster_page.evaluate("document.getElementById('busbw-chart').data.map((t) => t.name)")
+            assert "job busbw (training all-reduce)" in names, names
+            screenshot(cluster_page, "cluster-job-bandwidth")
+
+            expect(page.locator("#job-status")).to_have_text("Succeeded", timeout=300_000)
+            expect(page.locator("#checkpoints-table tbody")).to_contain_text("yes", timeout=30_000)
+            assert page.evaluate("window.__notReloaded === true")
+            assert cluster_page.evaluate("window.__notReloaded === true")
+            screenshot(page, "job-live")
+    finally:
+        orm(_terminate, cluster_id)

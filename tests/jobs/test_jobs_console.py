@@ -1,0 +1,89 @@
+"""Console pages of jobs without Ray: the cluster page's jobs section, the submit form (demo and custom,
+errors shown on the form), the job page, stop; and the CLI's argument handling."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from clusters.models import Cluster
+from jobs import services
+from jobs.models import Job
+from voltweb import cli
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ready_cluster(team_a, alice):
+    return Cluster.objects.create(
+        team=team_a, created_by=alice, name="a1", status="ready",
+        spec={"nodes": 2, "gpus_per_node": 1, "gpu_models": ["H100"]}, dashboard_url="http://127.0.0.9:1",
+    )  # fmt: skip
+
+
+def test_cluster_page_offers_the_submit_form_and_lists_its_jobs(client, alice, ready_cluster):
+    client.force_login(alice)
+    job = services.submit_job(ready_cluster, alice, "python t.py", name="sweep")
+    page = client.get(f"/clusters/{ready_cluster.pk}/").content.decode()
+    assert (
+        f"/clusters/{ready_cluster.pk}/jobs/new/" in page
+        and f'data-job="{job.pk}"' in page
+        and "sweep" in page
+    )
+
+
+def test_demo_from_the_form_lands_on_the_job_page(client, alice, ready_cluster):
+    client.force_login(alice)
+    form = client.get(f"/clusters/{ready_cluster.pk}/jobs/new/").content.decode()
+    assert "Demo workload" in form and 'name="seed"' in form
+    response = client.post(f"/clusters/{ready_cluster.pk}/jobs/new/", {
+        "kind": "demo", "steps": 20, "seed": 4, "step_sleep": 0.1, "checkpoint_every": 5, "env": "A=1\n"})  # fmt: skip
+    job = Job.objects.get()
+    assert (
+        response.status_code == 302 and response["Location"] == f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/"
+    )
+    assert (
+        job.is_demo
+        and job.env == {"A": "1"}
+        and "--seed 4" in job.entrypoint
+        and "--step-sleep 0.1" in job.entrypoint
+    )
+    page = client.get(response["Location"]).content.decode()
+    assert 'id="job-log"' in page and 'id="checkpoints-table"' in page and "job_live.js" in page
+
+
+def test_custom_job_with_an_upload_and_form_errors(client, alice, ready_cluster):
+    client.force_login(alice)
+    url = f"/clusters/{ready_cluster.pk}/jobs/new/"
+    missing = client.post(url, {"kind": "custom", "steps": 1, "seed": 0, "checkpoint_every": 5})
+    assert missing.status_code == 400 and "Give the command to run" in missing.content.decode()
+    bad_env = client.post(url, {"kind": "custom", "entrypoint": "python t.py", "steps": 1, "seed": 0,
+                                "checkpoint_every": 5, "env": "VOLT_JOB_ID=3"})  # fmt: skip
+    assert bad_env.status_code == 400 and "set by Volt or Ray" in bad_env.content.decode()
+    wrong = SimpleUploadedFile("wd.7z", b"x")
+    refused = client.post(url, {"kind": "custom", "entrypoint": "python t.py", "steps": 1, "seed": 0,
+                                "checkpoint_every": 5, "working_dir": wrong})  # fmt: skip
+    assert refused.status_code == 400 and ".zip or .tar.gz" in refused.content.decode()
+    assert not Job.objects.exists()
+
+
+def test_another_team_gets_404s_and_stop_from_the_page(client, alice, bob, ready_cluster):
+    job = services.submit_job(ready_cluster, alice, "python t.py")
+    client.force_login(bob)
+    assert client.get(f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/").status_code == 404
+    assert client.post(f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/stop/").status_code == 404
+    assert client.get(f"/clusters/{ready_cluster.pk}/jobs/new/").status_code == 404
+    client.force_login(alice)
+    client.post(f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/stop/")
+    assert Job.objects.get(pk=job.pk).status == "stopped"
+    assert "Jobs" in client.get("/jobs/").content.decode()
+
+
+def test_cli_submit_needs_a_command_or_demo(monkeypatch, capsys):
+    monkeypatch.setenv("VOLT_TOKEN", "volt_x")
+    monkeypatch.setenv("VOLT_URL", "http://127.0.0.1:9")
+    assert cli.main(["jobs", "submit", "--cluster", "3"]) == cli.EXIT_ERROR
+    assert "give the command to run after --" in capsys.readouterr().err
+    assert cli.main(["jobs", "submit", "--cluster", "3", "--env", "NOEQUALS", "--", "python", "t.py"]) == 1
+    assert "--env 'NOEQUALS': write NAME=value" in capsys.readouterr().err
