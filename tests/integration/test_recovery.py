@@ -210,3 +210,77 @@ def test_a_replacement_that_dies_is_replaced_again_and_spent_attempts_fail_clean
     assert cluster.failure_reason == "host_failed"
     assert not Allocation.objects.filter(cluster=cluster, active=True).exists()
     assert running_hosts(cluster) == set()
+
+
+def wait_job(job_id: int, predicate, timeout_s: float, what: str):
+    from jobs.models import Job
+
+    deadline = time.monotonic() + timeout_s
+    job = None
+    while time.monotonic() < deadline:
+        job = Job.objects.get(pk=job_id)
+        if predicate(job):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout_s:g} s; job {job and (job.status, job.last_step)}")
+
+
+def test_a_job_interrupted_by_a_worker_loss_resumes_from_its_last_checkpoint_with_the_same_result(
+    alice, root, team_a, hosts, tmp_path, settings
+):
+    from jobs import recovery as job_recovery
+    from jobs import services as jobs
+
+    settings.VOLT_JOB_POLL_S = 1.0
+    cluster = ready_cluster(team_a, alice, 3, "train")
+    steps, every = 60, 10
+
+    def demo(step_sleep: float):
+        return jobs.submit_job(cluster, alice, jobs.demo_entrypoint(steps, every, 0, step_sleep),
+                               working_dir=jobs.WORKLOADS_DIR, checkpoint_every=every, is_demo=True)  # fmt: skip
+
+    with worker_and_beat(
+        tmp_path, 2.0, entries=("watch-clusters", "poll-jobs"), also={"retry-recoveries": 2.0}
+    ):
+        # The uninterrupted run (same seed, same 3 ranks): its final parameters are the reference.
+        reference = demo(0.0)
+        reference = wait_job(
+            reference.pk, lambda j: j.status in ("succeeded", "failed"), 300, "reference run"
+        )
+        assert reference.status == "succeeded", reference.status_reason
+        expected = reference.result["params_sha256"]
+
+        job = demo(0.4)
+        wait_job(job.pk, lambda j: (j.last_step or 0) >= 25, 300, "the demo past its second checkpoint")
+        worker = node_of(cluster, head=False)
+        before = last_recovery_id(cluster)
+        drills.run_drill(cluster, root, "kill_processes", rank=worker.rank)
+        done = wait_recovery(cluster, before, status="succeeded")
+        job = wait_job(
+            job.pk, lambda j: j.status in ("succeeded", "failed", "stopped"), 400, "the resumed demo"
+        )
+        assert job.status == "succeeded", (job.status_reason, jobs.read_log(job)["text"][-3000:])
+        assert job.attempt == 2 and job.resume_from and job.last_step == steps
+        assert job.result["params_sha256"] == expected  # bitwise the same model as the uninterrupted run
+        entry = done.jobs[0]
+        assert entry["job"] == job.pk and entry["checkpoint_step"] >= 20 and 0 <= entry["steps_lost"] <= every
+        assert done.checkpoint_step == entry["checkpoint_step"] and done.job_resumed_at is not None
+        assert job_recovery.gpu_hours_lost(job) > 0
+
+
+def test_policy_shrink_reforms_on_the_survivors_when_no_host_is_free(alice, team_a, hosts, settings):
+    settings.VOLT_AUTO_RECOVER = False  # the task bodies run here, in order
+    cluster = ready_cluster(team_a, alice, 2, "shrinking")
+    Cluster.objects.filter(pk=cluster.pk).update(recovery_policy="shrink")
+    for host in hosts[2:]:  # no free host
+        inventory.act_on_host(host, "cordon", reason="test: full")
+    head = node_of(cluster, head=True)
+    kill_node(cluster, head)  # the head: the survivor becomes the head of a 1-node cluster
+    sweep_until_degraded(cluster)
+    assert recovery.recover_cluster(cluster.pk) == "ready", timeline(cluster)
+    done = Recovery.objects.get(cluster=cluster)
+    assert done.status == "succeeded" and "shrunk to 1 node" in done.replacement_reason
+    survivor = node_of(Cluster.objects.get(pk=cluster.pk), head=True)
+    assert survivor.host_id != head.host_id and len(provision.active_nodes(cluster)) == 1
+    assert not Allocation.objects.filter(cluster=cluster, active=True, node__host_id=head.host_id).exists()
+    assert running_hosts(cluster) == {survivor.host.name}
