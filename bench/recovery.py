@@ -111,7 +111,8 @@ class Driver:
                 jobs.poll_job(job.pk)
             job = Job.objects.get(pk=job.pk)
             if job.attempt > 1 and "resumed" not in seen and job.status == "running" and job.first_step_at:
-                events = jobs.read_log(job)["text"].split("[volt: attempt")[-1]
+                tail = jobs.read_log(job, offset=max(0, job.log_size - jobs.LOG_PAGE_MAX))["text"]
+                events = tail.split("[volt: attempt")[-1]
                 if '"kind": "step"' in events or '"kind":"step"' in events:
                     seen["resumed"] = time.monotonic()
             if until(job):
