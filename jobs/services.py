@@ -105,6 +105,7 @@ def job_payload(job: Job) -> dict:
         "status": job.status,
         "status_reason": job.status_reason,
         "attempt": job.attempt,
+        "ray_submission_id": job.ray_submission_id,
         "last_step": job.last_step,
         "first_step_at": when(job.first_step_at),
         "started_at": when(job.started_at),
@@ -369,15 +370,17 @@ def start_job(job_id: int) -> Job:
         client = ray_client(job.cluster)
         if job.attempt > 1:
             _stop_previous_attempt(job, client)
-        try:
-            client.get_job_info(wanted)  # submitted before a redelivery: nothing more to do
-        except RuntimeError:
-            client.submit_job(
-                entrypoint=job.entrypoint,
-                runtime_env=runtime_env(job),
-                submission_id=wanted,
-                metadata={"volt_job": str(job.pk), "attempt": str(job.attempt)},
-            )
+        if not _submitted(client, wanted):  # a redelivered task finds its submission and stops there
+            try:
+                client.submit_job(
+                    entrypoint=job.entrypoint,
+                    runtime_env=runtime_env(job),
+                    submission_id=wanted,
+                    metadata={"volt_job": str(job.pk), "attempt": str(job.attempt)},
+                )
+            except RuntimeError:
+                if not _submitted(client, wanted):  # not a twin task that got there first
+                    raise
     except (RuntimeError, OSError, ValueError, ConnectionError) as exc:
         return transitions.transition(
             job,
@@ -392,7 +395,21 @@ def start_job(job_id: int) -> Job:
     if updated:
         note(job, f"submitted to Ray as {wanted} (attempt {job.attempt})")
         _announce(job)
+    else:  # stopped while this task submitted it: it must not run on behind Volt's back
+        Job.objects.filter(pk=job.pk).update(ray_submission_id=wanted)
+        job.ray_submission_id = wanted
+        problems = _stop_through_ray(job, settings.VOLT_JOB_STOP_TIMEOUT_S) + ensure_processes_gone(job)
+        note(job, f"stopped {wanted} right after its submission (stopped meanwhile)" +
+             (f": {'; '.join(problems)}" if problems else ""))  # fmt: skip
     return job
+
+
+def _submitted(client, submission: str) -> bool:
+    try:
+        client.get_job_info(submission)
+    except RuntimeError:  # Ray answers 404 as RuntimeError("... does not exist")
+        return False
+    return True
 
 
 def _stop_previous_attempt(job: Job, client) -> None:
@@ -828,7 +845,8 @@ def resubmit_job(job: Job, *, resume_from: str | None) -> Job:
     with transaction.atomic():
         job = transitions.transition(job, S.PENDING, message, extra={
             "attempt": attempt, "resume_from": resume_from or "", "ray_submission_id": "", "ray_log_seen": 0,
-            "submitted_at": None, "finished_at": None, "stop_requested_at": None, "status_reason": ""})  # fmt: skip
+            "submitted_at": None, "finished_at": None, "stop_requested_at": None, "status_reason": "",
+            "updated_at": timezone.now()})  # fmt: skip
         marker = f"\n[volt: attempt {attempt}{' from ' + resume_from if resume_from else ''}]\n"
         JobLogChunk.objects.create(job=job, offset=job.log_size, attempt=attempt, text=marker)
         Job.objects.filter(pk=job.pk).update(log_size=F("log_size") + len(marker))

@@ -7,7 +7,7 @@
   if (!root) return;
   const jobId = Number(root.dataset.job);
   const $ = (id) => document.getElementById(id);
-  const state = {offset: 0, fetching: false, retry: 0, status: null, lines: 0};
+  const state = {offset: 0, fetching: false, again: false, retry: 0, status: null, lines: 0};
   const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 
   function append(text) {
@@ -19,14 +19,17 @@
     if (atBottom) log.scrollTop = log.scrollHeight;
   }
 
+  // One fetch at a time; what arrives meanwhile is fetched right after (never appended twice).
   function catchUp() {
-    if (state.fetching) return;
+    if (state.fetching) { state.again = true; return; }
     state.fetching = true;
+    state.again = false;
     fetch(root.dataset.logs + "?offset=" + state.offset, {headers: {Accept: "application/json"}})
       .then((r) => r.json()).then((page) => {
         state.fetching = false;
-        if (page.text) { append(page.text); state.offset = page.next_offset; }
-        if (page.next_offset < page.size) catchUp();
+        const skip = state.offset - page.offset;
+        if (page.text && skip < page.text.length) { append(page.text.slice(Math.max(0, skip))); state.offset = page.next_offset; }
+        if (state.again || page.next_offset < page.size) catchUp();
       }).catch(() => { state.fetching = false; });
   }
 
@@ -40,7 +43,14 @@
     if (job.status_reason && job.status !== "succeeded") { reason.hidden = false; reason.textContent = job.status_reason; }
     const stop = $("stop-form");
     if (stop && !["pending", "running", "interrupted"].includes(job.status)) stop.hidden = true;
-    if (state.status && state.status !== job.status) catchUp();
+    if (job.ray_submission_id) $("job-submission").textContent = job.ray_submission_id;
+    const shown = state.status || root.dataset.status;
+    if (shown && shown !== job.status) {
+      catchUp();
+      const li = document.createElement("li");
+      li.innerHTML = `<time>${esc(new Date().toISOString().replace("T", " ").slice(0, 19))}</time> <strong>${esc(shown)} → ${esc(job.status)}</strong> ${esc(job.status_reason)}`;
+      $("job-timeline").appendChild(li);
+    }
     state.status = job.status;
   }
 
@@ -58,6 +68,7 @@
     job: (e) => { if (e.job && e.job.id === jobId) setStatus(e.job); },
     job_log: (e) => {
       if (e.job !== jobId) return;
+      if (state.fetching) { if (e.next_offset > state.offset) state.again = true; return; }
       if (e.offset === state.offset && !e.truncated) { append(e.text); state.offset = e.next_offset; }
       else if (e.next_offset > state.offset) catchUp();
     },

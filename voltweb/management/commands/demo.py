@@ -60,7 +60,9 @@ class Command(BaseCommand):
         env = dict(os.environ, PYTHONUNBUFFERED="1", REDIS_URL=redis_url)
 
         python = sys.executable
-        queues = ",".join(settings.VOLT_QUEUES)
+        # Jobs get a worker of their own: a probe or a provisioning (minutes) must not hold up a job's
+        # submission, polls and logs (seconds).
+        queues = ",".join(q for q in settings.VOLT_QUEUES if q != "jobs")
         commands = {
             "web": [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "voltweb.asgi:application"],
             "worker": [
@@ -79,6 +81,10 @@ class Command(BaseCommand):
                 "-n",
                 f"demo-{os.getpid()}@%h",
             ],
+            "jobs-worker": [
+                python, "-m", "celery", "-A", "voltweb", "worker", "-Q", "jobs", "-c", "2",
+                "--loglevel", "INFO", "-n", f"demo-jobs-{os.getpid()}@%h",
+            ],  # fmt: skip
             "beat": [
                 python,
                 "-m",
