@@ -185,7 +185,9 @@ def baseline(args) -> dict:
         }
     if importlib.util.find_spec("ray") is None:
         return {"missing": "ray not importable"}
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=1800)
+    command = [sys.executable, str(script), "--steps", str(args.steps), "--checkpoint-every",
+               str(args.checkpoint_every), "--kill-at", str(2 * args.checkpoint_every + 5)]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
