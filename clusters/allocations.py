@@ -1,7 +1,7 @@
 """Allocation and release of GPUs: the one place clusters take and give back capacity.
 
-Placement (clusters.services.place_cluster), host replacement (clusters.provision) and recovery call
-these. Two rules hold here, under the plan's host row locks:
+Placement (clusters.services.place_cluster), host replacement (clusters.provision) and recovery
+(clusters.recovery: release_nodes when a cluster shrinks to its survivors) call these. Two rules hold here, under the plan's host row locks:
 
 - no GPU is held by two active clusters: re-checked under the locks, and guaranteed by the partial
   unique index `allocation_one_active_per_gpu` (a race the locks miss raises CapacityChanged);
@@ -121,6 +121,29 @@ def release(cluster: Cluster) -> int:
         cluster.nodes.filter(released_at__isnull=True).update(released_at=timezone.now())
         if freed:
             inventory.refresh_free_capacity(host_ids)
+            transaction.on_commit(services.kick_queue)
+    return freed
+
+
+def release_nodes(cluster: Cluster, node_ids) -> int:
+    """Free the GPUs of some nodes of a cluster and mark the nodes released (a cluster shrinking to its
+    survivors). Exactly once, like release(); returns how many GPUs this call freed."""
+    node_ids = list(node_ids)
+    with transaction.atomic():
+        active = Allocation.objects.select_for_update().filter(
+            cluster=cluster, node_id__in=node_ids, active=True
+        )
+        host_ids = sorted(set(active.values_list("gpu__host_id", flat=True)))
+        list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk"))
+        now = timezone.now()
+        freed = active.update(active=False, released_at=now)
+        ClusterNode.objects.filter(cluster=cluster, pk__in=node_ids, released_at__isnull=True).update(
+            released_at=now
+        )
+        if freed:
+            inventory.refresh_free_capacity(host_ids)
+            from clusters import services
+
             transaction.on_commit(services.kick_queue)
     return freed
 

@@ -87,3 +87,24 @@ class MetricSource(models.TextChoices):
     PROBE = "probe", "Probe"
     WATCH = "watch", "Watch"
     JOB = "job", "Job"
+
+
+class RecoveryStatus(models.TextChoices):
+    """Where an automatic recovery stands (clusters/recovery.py)."""
+
+    ACTIVE = "active", "In progress"
+    WAITING = "waiting", "Waiting for capacity"
+    SUCCEEDED = "succeeded", "Recovered"
+    FAILED = "failed", "Failed"
+    ABANDONED = "abandoned", "Abandoned (cluster terminated)"
+
+
+# A recovery still to finish (the reaper and the capacity retry look for these).
+RECOVERY_OPEN = {RecoveryStatus.ACTIVE, RecoveryStatus.WAITING}
+
+
+class RecoveryPolicy(models.TextChoices):
+    """What a cluster does when a failed node has no replacement (DESIGN.md "Jobs, checkpoints, recovery")."""
+
+    REPLACE = "replace", "Wait for a replacement"
+    SHRINK = "shrink", "Shrink to the survivors"

@@ -44,6 +44,7 @@ def snapshot(cluster: Cluster) -> dict:
             name: _points(cluster, name, now - GPU_WINDOW, now)
             for name in (MetricSeries.GPU_TEMP, MetricSeries.GPU_UTIL)
         },
+        "recovery": _latest_recovery(cluster),
         "timeline": [
             {"at": e.at.isoformat(), "status": e.to_status, "from": e.from_status, "message": e.message}
             for e in events
@@ -63,3 +64,10 @@ def _last_sample_at(cluster: Cluster):
     minute = MetricMinute.objects.filter(cluster=cluster).order_by("-minute").values_list("minute", flat=True)
     candidates = [t for t in (raw, minute.first()) if t is not None]
     return max(candidates) if candidates else None
+
+
+def _latest_recovery(cluster: Cluster) -> dict | None:
+    from clusters import recovery
+
+    latest = recovery.recoveries(cluster).first()
+    return recovery.as_json(latest) if latest else None

@@ -6,7 +6,15 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from clusters.choices import ClusterStatus, FailureReason, MetricSeries, MetricSource, Verdict
+from clusters.choices import (
+    ClusterStatus,
+    FailureReason,
+    MetricSeries,
+    MetricSource,
+    RecoveryPolicy,
+    RecoveryStatus,
+    Verdict,
+)
 from inventory.models import GPU, Host
 from voltweb.models import Team
 
@@ -76,6 +84,12 @@ class Cluster(models.Model):
     )
     last_probe_at = models.DateTimeField(null=True, blank=True)
     bandwidth_alert = models.TextField(blank=True, help_text="Latest probe below the flag fraction, and why.")
+    recovery_policy = models.CharField(
+        max_length=10,
+        choices=RecoveryPolicy.choices,
+        default=RecoveryPolicy.REPLACE,
+        help_text="No replacement for a failed node: wait for one, or shrink to the survivors.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -243,3 +257,44 @@ class MetricMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/{self.series} {self.minute:%H:%M} mean {self.mean:g}"
+
+
+class Recovery(models.Model):
+    """One automatic recovery of a cluster (clusters/recovery.py): what failed, what replaced it, and when.
+
+    `phases` is the list of phases with their start and end times ({"phase", "started", "ended"});
+    `jobs` is what the jobs app's hook resumed ({"job", "checkpoint_step", "last_step", "steps_lost",
+    "gpu_hours_lost", "resumed_at"} each).
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="recoveries")
+    status = models.CharField(max_length=12, choices=RecoveryStatus.choices, default=RecoveryStatus.ACTIVE)
+    phase = models.CharField(max_length=30, default="detected")
+    cause = models.TextField(help_text="The watch's verdict (or the drill) that started it.")
+    failed_hosts = models.JSONField(default=list, help_text='[{"id", "name", "rank", "is_head", "rule"}]')
+    head_lost = models.BooleanField(default=False)
+    replacement_hosts = models.JSONField(default=list, help_text='[{"id", "name", "rank", "is_head"}]')
+    replacement_reason = models.TextField(
+        blank=True, help_text="Why these hosts: how close to the survivors."
+    )
+    waiting_reason = models.TextField(blank=True, help_text="Why it waits (no capacity), while it waits.")
+    attempts = models.PositiveIntegerField(default=0, help_text="Replacements that failed to come up.")
+    message = models.TextField(blank=True, help_text="How it ended.")
+    detected_at = models.DateTimeField(default=timezone.now)
+    replacement_placed_at = models.DateTimeField(null=True, blank=True)
+    replacement_ready_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    job_resumed_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    phases = models.JSONField(default=list)
+    jobs = models.JSONField(default=list)
+    checkpoint_step = models.IntegerField(null=True, blank=True)
+    steps_lost = models.IntegerField(null=True, blank=True)
+    gpu_hours_lost = models.FloatField(null=True, blank=True, help_text="GPUs of the cluster x downtime.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-detected_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"recovery of {self.cluster_id} ({self.status}, {self.phase})"

@@ -21,6 +21,7 @@ import logging
 import shlex
 import socket
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -62,6 +63,16 @@ class NoReplacement(Exception):
     """No free host can take the place of a failed one."""
 
 
+@dataclass(frozen=True)
+class Replacement:
+    """What replace_hosts() did: the new nodes' hosts and why they were chosen (how close to the survivors)."""
+
+    failed: tuple[str, ...]  # host names replaced
+    hosts: tuple[dict, ...]  # {"id", "name", "rank", "is_head"} of each new node
+    level: str  # block, fabric, site or anywhere: the closest tier to the survivors that had room
+    reason: str  # the explanation recorded on the timeline and the recovery record
+
+
 # --- the task body -----------------------------------------------------------------------------------
 
 
@@ -78,7 +89,7 @@ def provision_cluster(cluster_id: int) -> Cluster:
             if cluster.status == S.PROVISIONING:
                 cluster = _provision_pass(cluster)
                 if cluster.status != S.PROVISIONING:
-                    return _abandon(cluster)
+                    return abandon(cluster)
                 cluster = transitions.transition(
                     cluster, S.VERIFYING, "every node joined; running the all-reduce probe"
                 )
@@ -88,7 +99,7 @@ def provision_cluster(cluster_id: int) -> Cluster:
             if cluster.status != S.PROVISIONING:
                 break
     except (Abandoned, IllegalTransition):
-        return _abandon(cluster)
+        return abandon(cluster)
     return cluster
 
 
@@ -105,12 +116,16 @@ class Abandoned(Exception):
     """The cluster was terminated (or failed) while this task was bringing it up."""
 
 
+# Statuses in which bringing nodes up is still wanted (RECOVERING: clusters/recovery.py re-uses bring_up).
+BRINGING_UP = (S.PROVISIONING, S.VERIFYING, S.RECOVERING)
+
+
 def _still_wanted(cluster: Cluster) -> None:
-    if not Cluster.objects.filter(pk=cluster.pk, status__in=[S.PROVISIONING, S.VERIFYING]).exists():
+    if not Cluster.objects.filter(pk=cluster.pk, status__in=BRINGING_UP).exists():
         raise Abandoned(cluster.pk)
 
 
-def _abandon(cluster: Cluster) -> Cluster:
+def abandon(cluster: Cluster) -> Cluster:
     """Someone terminated the cluster meanwhile: stop what this task may have started after their teardown."""
     cluster = Cluster.objects.get(pk=cluster.pk)
     if cluster.status in (S.TERMINATING, S.TERMINATED, S.FAILED):
@@ -410,9 +425,11 @@ def probe_job_for(
     )
 
 
-def verify(cluster: Cluster) -> Cluster:
+def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
     """Run the all-reduce probe and store it beside the prediction: READY (flagged if slow), FAILED, or
-    back to PROVISIONING with the slowest host replaced (a flagged cluster, VOLT_SLOW_HOST_REPLACEMENTS)."""
+    back to PROVISIONING with the slowest host replaced (a flagged cluster, VOLT_SLOW_HOST_REPLACEMENTS).
+
+    `replace_slow=False` (recovery): a slow host is named, never replaced."""
     nodes = active_nodes(cluster)
     if len(nodes) == 1:
         return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
@@ -452,6 +469,8 @@ def verify(cluster: Cluster) -> Cluster:
     compared = result["links_emulated"]
     if (compared and not _flagged(cluster, result)) or node is None:
         return _ready(cluster, result, message)
+    if not replace_slow:
+        return _ready(cluster, result, message + " (not replaced while recovering)")
     if cluster.slow_hosts_replaced >= settings.VOLT_SLOW_HOST_REPLACEMENTS:
         return _ready(cluster, result, message + " (not replaced: VOLT_SLOW_HOST_REPLACEMENTS reached)")
     note(cluster, message)
@@ -597,46 +616,53 @@ def _stop_on_host(driver, cluster: Cluster) -> list[int]:
 
 
 def replace_hosts(
-    cluster: Cluster, host_ids: list[int], reason: str, keep_without_replacement: bool = False
-) -> None:
+    cluster: Cluster,
+    host_ids: list[int],
+    reason: str,
+    keep_without_replacement: bool = False,
+    context: str = "provisioning",
+) -> Replacement:
     """Place the hosts' nodes again near the survivors, stop them and cordon the hosts as suspect.
 
     Raises NoReplacement when no free host fits; the hosts are then cordoned all the same (they failed),
     unless `keep_without_replacement` (a slow host still works: it keeps its node and its state).
+    `context` ("provisioning", "recovering") goes into the cordon's reason.
     """
     nodes = [n for n in active_nodes(cluster) if n.host_id in host_ids]
     try:
-        plan = _replacement_plan(cluster, nodes)
+        plan, level = _replacement_plan(cluster, nodes)
     except NoReplacement:
         if not keep_without_replacement:
-            _cordon_suspects(cluster, host_ids, reason)
+            _cordon_suspects(cluster, host_ids, reason, context)
         raise
     if any(node.is_head for node in nodes):  # the head goes: re-form around a new head
         teardown(cluster, active_nodes(cluster))
     else:
         teardown(cluster, nodes)
-    _cordon_suspects(cluster, host_ids, reason)
+    _cordon_suspects(cluster, host_ids, reason, context)
     try:
-        _swap_nodes(cluster, nodes, plan)
+        return _swap_nodes(cluster, nodes, plan, level)
     except (allocations.CapacityChanged, IntegrityError) as exc:  # taken while this cluster was torn down
         raise NoReplacement(
             f"the replacement for {', '.join(n.host.name for n in nodes)} was taken: {exc}"
         ) from exc
 
 
-def _cordon_suspects(cluster: Cluster, host_ids: list[int], reason: str) -> None:
+def _cordon_suspects(
+    cluster: Cluster, host_ids: list[int], reason: str, context: str = "provisioning"
+) -> None:
     for host in Host.objects.filter(pk__in=host_ids, state__in=[HostState.AVAILABLE, HostState.DRAINING]):
         try:
             inventory.act_on_host(
                 host,
                 "cordon",
-                reason=f"suspect: while provisioning cluster {cluster.name}: {reason}"[:500],
+                reason=f"suspect: while {context} cluster {cluster.name}: {reason}"[:500],
             )
         except IllegalTransition:
             pass
 
 
-def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> placement.Plan:
+def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> tuple[placement.Plan, str]:
     from clusters.services import candidate_snapshots, to_request
 
     survivors = [n for n in active_nodes(cluster) if n not in failed]
@@ -652,13 +678,13 @@ def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> placement.
     )
     used = {str(n.host_id) for n in cluster.nodes.all()}
     candidates = [s for s in candidate_snapshots(request, team_id=cluster.team_id) if s.host_id not in used]
-    plan = _near(request, candidates, survivors)
+    plan, level = near_survivors(request, candidates, survivors)
     if plan is None:
         raise NoReplacement(f"no free host can replace {', '.join(n.host.name for n in failed)}")
-    return plan
+    return plan, level
 
 
-def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Plan) -> None:
+def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Plan, level: str) -> Replacement:
     with transaction.atomic():
         allocations.lock_hosts_for_team(cluster.team_id, sorted(int(h) for h in plan.host_ids))
         now = timezone.now()
@@ -668,25 +694,45 @@ def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Pla
         ranks = sorted(n.rank for n in failed)
         allocations.create_allocations(cluster, plan, ranks=ranks, head=head_lost)
         inventory.refresh_free_capacity(sorted({n.host_id for n in failed} | {int(h) for h in plan.host_ids}))
-    names = ", ".join(
-        Host.objects.filter(pk__in=[int(h) for h in plan.host_ids]).values_list("name", flat=True)
+    new = list(
+        ClusterNode.objects.filter(cluster=cluster, released_at__isnull=True, rank__in=ranks)
+        .select_related("host")
+        .order_by("rank")
     )
-    note(cluster, f"replaced {', '.join(n.host.name for n in failed)} by {names}")
+    hosts = tuple({"id": n.host_id, "name": n.host.name, "rank": n.rank, "is_head": n.is_head} for n in new)
+    failed_names = tuple(n.host.name for n in failed)
+    names = ", ".join(h["name"] for h in hosts)
+    why = _LEVEL_WHY[level]
+    reason = f"replaced {', '.join(failed_names)} by {names}: {why}"
+    note(cluster, reason)
+    return Replacement(failed=failed_names, hosts=hosts, level=level, reason=reason)
 
 
-def _near(request: placement.PlacementRequest, candidates, survivors: list[ClusterNode]):
-    """The replacement plan closest to the survivors: same fabric, then same site, then anywhere."""
+_LEVEL_WHY = {
+    "block": "same block as the survivors' anchor (the head, or the first survivor)",
+    "fabric": "no free host in the anchor's block; same fabric",
+    "site": "no free host in the anchor's fabric; same site",
+    "anywhere": "no free host in the anchor's site; the best free host anywhere",
+}
+
+
+def near_survivors(
+    request: placement.PlacementRequest, candidates, survivors: list[ClusterNode]
+) -> tuple[placement.Plan | None, str]:
+    """The replacement plan closest to the survivors, and how close: the anchor's (the surviving head, else
+    the first survivor) block, then its fabric, then its site, then anywhere. (None, "") when none fits."""
     anchor = next((n.host for n in survivors if n.is_head), survivors[0].host if survivors else None)
-    tiers = [lambda s: True]
+    tiers = [("anywhere", lambda s: True)]
     if anchor is not None:
         tiers = [
-            lambda s: s.path.fabric_id == str(anchor.fabric_id),
-            lambda s: s.path.site_id == str(anchor.site_id),
-            lambda s: True,
+            ("block", lambda s: s.path.block_id == str(anchor.block_id)),
+            ("fabric", lambda s: s.path.fabric_id == str(anchor.fabric_id)),
+            ("site", lambda s: s.path.site_id == str(anchor.site_id)),
+            ("anywhere", lambda s: True),
         ]
-    for keep in tiers:
+    for level, keep in tiers:
         pool = [s for s in candidates if keep(s)]
         result = placement.plan(request, pool, validate_inventory=False) if pool else None
         if isinstance(result, placement.Plan):
-            return result
-    return None
+            return result, level
+    return None, ""

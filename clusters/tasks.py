@@ -95,3 +95,22 @@ def probe_idle_clusters_task() -> int:
     from clusters import bandwidth_watch
 
     return bandwidth_watch.probe_idle_clusters()
+
+
+# --- recovery (clusters/recovery.py) ------------------------------------------------------------------
+
+
+@volt_task("provisioning", soft_time_limit=1500, time_limit=1560)
+def recover_cluster_task(cluster_id: int) -> str:
+    """Replace a DEGRADED cluster's failed nodes, verify, READY (or wait for capacity, or a clean FAILED)."""
+    from clusters import recovery
+
+    return recovery.recover_cluster(cluster_id)
+
+
+@volt_task("monitoring", soft_time_limit=50, time_limit=60)
+def retry_recoveries_task() -> int:
+    """Retry recoveries waiting for capacity or stalled, and start one for a DEGRADED cluster without."""
+    from clusters import recovery
+
+    return recovery.retry_recoveries()

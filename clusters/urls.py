@@ -10,5 +10,6 @@ urlpatterns = [
     path("<int:pk>/", views.cluster_detail, name="detail"),
     path("<int:pk>/terminate/", views.cluster_terminate, name="terminate"),
     path("<int:pk>/probe/", live_views.cluster_probe, name="probe"),
+    path("<int:pk>/drills/", views.cluster_drill, name="drill"),
     path("overview/", live_views.overview, name="overview"),
 ]

@@ -3,11 +3,12 @@
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters import services
+from clusters import drills, provision, recovery, services
 from clusters.api.serializers import ClusterSpecSerializer
 from clusters.forms import ClusterForm
 from clusters.probes import allreduce
@@ -133,6 +134,7 @@ def cluster_detail(request, pk):
         "can_download_key": accounts.is_team_member(request.user, cluster.team),
         "probe_hosts": _probe_hosts(cluster),
         "emulation_scale": _emulation_scale(cluster),
+        **_recovery_context(request.user, cluster),
     }
     return render(request, "clusters/detail.html", context)
 
@@ -150,6 +152,46 @@ def _emulation_scale(cluster) -> float | None:
         return None
     scale = inventory.bandwidth_scale(DriverKind.LOCAL)
     return scale if scale != 1.0 else None
+
+
+def _recovery_context(user, cluster) -> dict:
+    """The cluster's recovery records, and the drill form for those who may run drills."""
+    records = [recovery.as_json(r) for r in recovery.recoveries(cluster)[:20]]
+    can_drill = drills.may_run_drills(user, cluster) and cluster.status in drills.DRILLABLE
+    return {
+        "recoveries": records,
+        "latest_recovery": records[0] if records else None,
+        "can_drill": can_drill,
+        "drills": drills.describe() if can_drill else [],
+        "drill_nodes": provision.active_nodes(cluster) if can_drill else [],
+    }
+
+
+@login_required
+@require_POST
+def cluster_drill(request, pk):
+    """Run (or clear) a fault drill from the cluster page's form (admins; audited on the timeline)."""
+    cluster = get_object_or_404(services.visible_clusters(request.user).select_related("team"), pk=pk)
+    if not drills.may_run_drills(request.user, cluster):
+        raise PermissionDenied("Only platform admins and the admins of the cluster's team run drills.")
+    try:
+        rank = int(request.POST.get("rank", ""))
+    except ValueError:
+        messages.error(request, "Choose the node (its rank) to run the drill on.")
+        return redirect("clusters:detail", pk=pk)
+    try:
+        result = drills.run_drill(
+            cluster,
+            request.user,
+            request.POST.get("drill", ""),
+            rank=rank,
+            value=request.POST.get("value", "").strip(),
+            clear=request.POST.get("action") == "clear",
+        )
+        messages.success(request, f"Drill {result.drill} on {result.host}: {result.detail}.")
+    except drills.DrillRefused as exc:
+        messages.error(request, str(exc))
+    return redirect("clusters:detail", pk=pk)
 
 
 def _probe_hosts(cluster) -> list[dict]:

@@ -7,8 +7,9 @@
               │  VOLT_WATCH_HOST_TIMEOUT_S: driver reachable, nvidia-smi (the discovery parser),
               │  this cluster's Ray node process alive
               ├─ health.judge() per node → NodeHealth (verdict, rule, readings) + GPU samples
-              └─ a failed node or an unreachable head: READY → DEGRADED, the reason on the timeline;
-                 a recovered node goes back to ok (clears warnings), the cluster stays DEGRADED
+              └─ a failed node or an unreachable head: READY → DEGRADED, the reason on the timeline,
+                 and a recovery queued (clusters/recovery.py, VOLT_AUTO_RECOVER); a recovered node goes
+                 back to ok (clears warnings), the cluster stays DEGRADED until recovery verifies it
 
 Events on the cluster's group: `health` (every node's verdict and readings, each sweep) and `timeline`
 (a node's verdict changed); the status change broadcasts itself (clusters/transitions.py).
@@ -25,7 +26,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from clusters import health, metrics, ray_head, transitions
+from clusters import health, metrics, ray_head, recovery, transitions
 from clusters.choices import WATCHED, ClusterStatus, MetricSeries, Verdict
 from clusters.models import Cluster, ClusterEvent, ClusterNode, MetricSample, NodeHealth
 from clusters.provision import active_nodes, ray_cluster_id
@@ -96,6 +97,8 @@ def _sweep(cluster: Cluster) -> Cluster:
             cluster = transitions.transition(cluster, ClusterStatus.DEGRADED, reason)
         except IllegalTransition:  # terminated meanwhile: nothing to degrade
             cluster.refresh_from_db()
+        else:  # automatic recovery (clusters/recovery.py): the record, and its task on commit
+            recovery.on_degraded(cluster, [(node, j.rule) for node, j in failed], reason)
     elif changed:
         cluster.refresh_from_db()
     return cluster

@@ -12,3 +12,8 @@ class JobsConfig(AppConfig):
 
         hooks.on_before_teardown(services.stop_cluster_jobs)
         hooks.on_status_change(services.cluster_status_changed)
+        # Automatic recovery (clusters/recovery.py) stops what is left of the jobs, then resumes them.
+        from clusters import recovery as cluster_recovery
+        from jobs import recovery
+
+        cluster_recovery.register_hook(recovery.HOOK)

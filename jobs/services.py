@@ -112,6 +112,7 @@ def job_payload(job: Job) -> dict:
         "finished_at": when(job.finished_at),
         "log_size": job.log_size,
         "url": f"/clusters/{job.cluster_id}/jobs/{job.pk}/",
+        "resume_from": job.resume_from,
     }
 
 

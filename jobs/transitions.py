@@ -27,7 +27,9 @@ JOB_TRANSITIONS: dict[str, dict[str, str]] = {
         S.STOPPED: "stopped on request, or its cluster was terminated",
     },
     S.SUCCEEDED: {},
-    S.FAILED: {},
+    # Recovery (jobs/recovery.py): a job whose ranks died with a node can fail (Ray saw it first) before the
+    # watch degrades its cluster; recovery takes it back as interrupted, then resumes it.
+    S.FAILED: {S.INTERRUPTED: "it failed when its cluster lost a node; recovery resumes it"},
     S.STOPPED: {},
 }
 

@@ -26,6 +26,7 @@ def _isolated_data_dir(settings, tmp_path):
     """Each test gets its own folder for local host sandboxes."""
     settings.VOLT_DATA_DIR = tmp_path / "data"
     settings.VOLT_AUTO_PROVISION = False  # provisioning tests (Ray) turn it on; placement: fake hosts
+    settings.VOLT_AUTO_RECOVER = False  # recovery tests turn it on; the watch's own tests stop at DEGRADED
     settings.VOLT_LOCAL_FABRIC_EMULATION = "off"  # tests/integration/test_fabric_emulation.py turns it on
 
 

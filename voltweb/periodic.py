@@ -4,6 +4,7 @@ from voltweb.env import env_float
 
 # Read from the environment like settings.VOLT_WATCH_INTERVAL_S (this table loads before Django's settings).
 WATCH_INTERVAL_S = env_float("VOLT_WATCH_INTERVAL_S", 5.0, minimum=1.0, maximum=3600.0)
+RECOVERY_RETRY_S = env_float("VOLT_RECOVERY_RETRY_S", 15.0, minimum=1.0, maximum=3600.0)
 JOB_POLL_S = env_float("VOLT_JOB_POLL_S", 2.0, minimum=0.5, maximum=600.0)
 
 SCHEDULE = {
@@ -41,6 +42,11 @@ SCHEDULE = {
         "task": "clusters.tasks.compact_metrics_task",
         "schedule": 300.0,
         "options": {"queue": "monitoring"},
+    },
+    "retry-recoveries": {  # waiting recoveries (no capacity), stalled ones, DEGRADED clusters not yet recovering
+        "task": "clusters.tasks.retry_recoveries_task",
+        "schedule": RECOVERY_RETRY_S,
+        "options": {"queue": "monitoring", "expires": RECOVERY_RETRY_S},
     },
     "probe-idle-clusters": {
         "task": "clusters.tasks.probe_idle_clusters_task",

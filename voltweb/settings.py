@@ -269,6 +269,11 @@ VOLT_HEARTBEAT_STALE_S = env_int("VOLT_HEARTBEAT_STALE_S", 300, minimum=10)
 VOLT_PROVISION_ATTEMPTS = env_int("VOLT_PROVISION_ATTEMPTS", 3, minimum=1)
 VOLT_AUTO_PROVISION = env_bool("VOLT_AUTO_PROVISION", True)  # off: clusters stop at PROVISIONING
 VOLT_PROVISION_STALE_S = env_int("VOLT_PROVISION_STALE_S", 300, minimum=10)
+# Recovery (clusters/recovery.py): a DEGRADED cluster is repaired automatically unless this is off.
+VOLT_AUTO_RECOVER = env_bool("VOLT_AUTO_RECOVER", True)
+VOLT_RECOVERY_ATTEMPTS = env_int("VOLT_RECOVERY_ATTEMPTS", 3, minimum=1)  # replacements that may fail
+VOLT_RECOVERY_RETRY_S = env_float("VOLT_RECOVERY_RETRY_S", 15.0, minimum=1.0, maximum=3600.0)
+VOLT_RECOVERY_STALE_S = env_int("VOLT_RECOVERY_STALE_S", 300, minimum=10)
 VOLT_NODE_JOIN_TIMEOUT_S = env_float("VOLT_NODE_JOIN_TIMEOUT_S", 90.0, minimum=5.0, maximum=3600.0)
 VOLT_PROBE_MAX_MB = env_int("VOLT_PROBE_MAX_MB", 256, minimum=1)
 VOLT_PROBE_ITERS = env_int("VOLT_PROBE_ITERS", 10, minimum=1)

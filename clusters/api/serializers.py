@@ -105,6 +105,7 @@ class ClusterSerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField()
     nodes = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
+    recovery = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
@@ -116,6 +117,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "connection", "probe_result", "plan", "nodes", "created_at", "queued_at", "placed_at", "ready_at",
             "ended_at",
             "bandwidth_alert", "last_probe_at", "probe_interval_min",  # telemetry (clusters/bandwidth_watch.py)
+            "recovery_policy", "recovery",  # clusters/recovery.py
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -133,6 +135,16 @@ class ClusterSerializer(serializers.ModelSerializer):
         view, request = self.context.get("view"), self.context.get("request")
         detail = view is not None and getattr(view, "action", None) == "retrieve" and request is not None
         return services.connection_details(cluster, request.user if detail else None)
+
+    def get_recovery(self, cluster) -> dict | None:
+        """The latest automatic recovery (all of them: GET .../recoveries/); on the cluster itself only."""
+        from clusters import recovery
+
+        view = self.context.get("view")
+        if view is None or getattr(view, "action", None) != "retrieve":
+            return None
+        latest = recovery.recoveries(cluster).first()
+        return recovery.as_json(latest) if latest else None
 
 
 class ClusterEventSerializer(serializers.ModelSerializer):

@@ -1,11 +1,12 @@
 from django.urls import path
 
-from clusters.api import telemetry, views
+from clusters.api import recovery, telemetry, views
 from voltweb.api.routers import VoltRouter
 
 router = VoltRouter()
 router.include_root_view = False  # one API root (voltweb.api.urls), not three at one URL
 router.register("clusters", views.ClusterViewSet, basename="cluster")
 router.register("clusters", telemetry.ClusterTelemetryViewSet, basename="cluster-telemetry")
+router.register("clusters", recovery.ClusterRecoveryViewSet, basename="cluster-recovery")
 
 urlpatterns = [path("placements/preview", views.preview, name="placement-preview"), *router.urls]

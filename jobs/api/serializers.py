@@ -60,6 +60,7 @@ class JobSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    gpu_hours_lost = serializers.SerializerMethodField(help_text="GPU-hours lost to node failures (recoveries).")
 
     class Meta:
         model = Job
@@ -67,9 +68,14 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "cluster", "cluster_name", "team", "created_by", "status", "status_reason",
             "entrypoint", "env", "checkpoint_every", "is_demo", "attempt", "resume_from",
             "ray_submission_id", "created_at", "submitted_at", "started_at", "finished_at",
-            "first_step_at", "last_step", "stop_requested_at", "result", "log_size",
+            "first_step_at", "last_step", "stop_requested_at", "result", "log_size", "gpu_hours_lost",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def get_gpu_hours_lost(self, job) -> float:
+        from jobs import recovery
+
+        return recovery.gpu_hours_lost(job)
 
 
 class JobEventSerializer(serializers.ModelSerializer):

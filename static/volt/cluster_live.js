@@ -159,6 +159,28 @@
     $("bandwidth-alert-text").textContent = text || "";
   }
 
+  // Recovery (clusters/recovery.py): the phase now and how long the recovery has run, ticking while open.
+  function drawRecovery(r) {
+    const box = $("recovery-live");
+    if (!box) return;
+    state.recovery = r;
+    if (!r) { box.hidden = true; return; }
+    box.hidden = false;
+    const open = r.status === "active" || r.status === "waiting";
+    const end = r.ended_at ? new Date(r.ended_at) : new Date();
+    const secs = Math.max(0, (end - new Date(r.detected_at)) / 1000);
+    const failed = (r.failed_hosts || []).map((h) => h.name).join(", ") || "—";
+    const repl = (r.replacement_hosts || []).map((h) => h.name).join(", ") || "—";
+    box.className = "card " + (open ? "warn-box" : "");
+    $("recovery-phase").textContent = r.phase.replace(/_/g, " ");
+    $("recovery-status").textContent = r.status;
+    $("recovery-elapsed").textContent = secs.toFixed(0) + " s" + (open ? " so far" : "");
+    $("recovery-failed").textContent = failed + (r.head_lost ? " (head)" : "");
+    $("recovery-replacement").textContent = repl;
+    $("recovery-why").textContent = r.waiting_reason || r.replacement_reason || r.message || "";
+  }
+  setInterval(() => { const r = state.recovery; if (r && (r.status === "active" || r.status === "waiting")) drawRecovery(r); }, 1000);
+
   function snapshot(s) {
     state.predicted = s.predicted_busbw_gbps;
     state.live = s.live !== false;
@@ -170,6 +192,7 @@
     drawBandwidth(s.bandwidth || []);
     drawGpu(s.gpu || {});
     drawHealth(s.nodes || []);
+    drawRecovery(s.recovery || null);
     const list = $("cluster-timeline");
     if (list) { list.innerHTML = ""; (s.timeline || []).forEach((e) => addTimeline(e.at, e.from || "new", e.status, e.message)); }
   }
@@ -181,6 +204,7 @@
     health: (e) => { drawHealth(e.nodes); addGpu(e.ts, e.nodes); },
     bandwidth: (e) => { if (e.predicted_busbw_gbps) state.predicted = e.predicted_busbw_gbps; addBandwidth(e.ts, e.busbw_gbps, e.source); },
     job: (e) => updateJob(e.job),
+    recovery: (e) => drawRecovery(e.recovery),
     probe: (e) => { if (!$("probe-state")) return; $("probe-state").textContent = e.state === "running" ? "probe running…" : (e.message || ""); if ("alert" in e) setAlert(e.alert); },
   };
 

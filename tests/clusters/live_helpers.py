@@ -19,17 +19,20 @@ from voltweb.routing import websocket_urlpatterns
 
 
 @contextmanager
-def worker_and_beat(tmp_path, interval_s: float, entries: tuple[str, ...] = ("watch-clusters",)):
+def worker_and_beat(
+    tmp_path, interval_s: float, entries: tuple[str, ...] = ("watch-clusters",), also: dict | None = None
+):
     """A real worker thread on every queue (fed by Redis) and a real beat running `entries` of the schedule
-    (voltweb/periodic.py; by default the cluster watch) every `interval_s`."""
+    (voltweb/periodic.py; by default the cluster watch) every `interval_s`, and those named in `also`
+    ({name: seconds}) each at its own interval."""
     with celery_app.connection_for_write() as conn:
         for queue in settings.VOLT_QUEUES:
             conn.default_channel.queue_purge(queue)
     saved = celery_app.conf.beat_schedule
     # Only the watch: the other periodic tasks (host health sweep, reapers) are not what is tested here.
     celery_app.conf.beat_schedule = {
-        name: {**SCHEDULE[name], "schedule": interval_s, "options": {**SCHEDULE[name]["options"], "expires": interval_s}}
-        for name in entries
+        name: {**SCHEDULE[name], "schedule": every, "options": {**SCHEDULE[name]["options"], "expires": every}}
+        for name, every in [*((n, interval_s) for n in entries), *(also or {}).items()]
     }
     beat = EmbeddedService(
         celery_app, thread=True, max_interval=0.5, schedule_filename=str(tmp_path / "beat-schedule")

@@ -30,6 +30,8 @@ TARGETS = {
     "nobody": Target(frozenset()),  # the API's catch-all 404
     "cluster": Target(frozenset({"alice", "root"})),  # team A's cluster
     "cluster_secret": Target(frozenset({"alice"})),  # its SSH key: team members only, not platform admins
+    # Fault drills and the recovery policy: platform admins and team A's admins (alice is a researcher).
+    "cluster_admin": Target(frozenset({"root"})),
     "team": Target(frozenset({"alice", "root"})),  # team A
     "token": Target(frozenset()),  # priya's API token: its owner's alone (not even a platform admin's)
     "private_host": Target(
@@ -91,6 +93,7 @@ ROUTES: dict[str, Rule] = {
     "clusters:detail": R("cluster"),
     "clusters:terminate": R("cluster", methods=("POST",)),
     "clusters:probe": R("cluster", methods=("POST",)),
+    "clusters:drill": R("cluster_admin", methods=("POST",), body={"drill": "kill_processes", "rank": 0}),
     "clusters:overview": R("page"),
     "jobs:list": R("page"),
     "jobs:new": R(
@@ -172,6 +175,9 @@ ROUTES: dict[str, Rule] = {
     "api:cluster-telemetry-probe": R("cluster"),
     "api:cluster-telemetry-probe-settings": R("cluster", body={"probe_interval_min": 10}),
     "api:cluster-terminate": R("cluster"),
+    "api:cluster-recovery-recoveries": R("cluster"),
+    "api:cluster-recovery-drills": R("cluster_admin", body={"drill": "kill_processes", "rank": 0}),
+    "api:cluster-recovery-recovery-policy": R("cluster_admin", body={"recovery_policy": "shrink"}),
     "api:job-list": R(
         "page", create="as_team_a", body={"cluster": "$cluster", "demo": True}, hidden_in_list="job"
     ),

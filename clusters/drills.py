@@ -1,0 +1,172 @@
+"""Fault drills: break a node of a live cluster on purpose, to watch detection and recovery work.
+
+Allowed to platform admins and the admins of the cluster's team (another team's cluster is not even
+visible: 404, as everywhere); every drill is a line on the cluster's timeline with who ran it (audit).
+
+    kill_processes     SIGKILL every process of this cluster on the node's host (its Ray node, the job's
+                       workers): the watch sees "Ray node process not running" (the head: "not answering")
+    ecc_uncorrectable  the node's host reports uncorrectable ECC errors on GPU 0 (inventory fault table)
+    gpu_lost           GPU 0 of the host falls off the bus
+    unreachable        the host stops answering its driver
+    link_degraded      its links run at `value` % of their rate (emulated fabric only)
+    link_flapping      its links go down and up every few seconds (emulated fabric only)
+    ib_fallback        its links drop to the Ethernet class's rate (emulated fabric, InfiniBand only)
+
+The fault drills are the inventory's fault table (inventory/drivers/faults.py) injected into a local host,
+so they exist only where that table says they can be injected; `clear` removes one again.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster, ClusterEvent, ClusterNode
+from clusters.provisioning import ray_nodes
+from clusters.tenancy import ray_cluster_id
+from inventory import services as inventory
+from inventory.choices import DriverKind
+from inventory.drivers import faults as fault_table
+from inventory.drivers.base import DriverError
+from voltweb import realtime
+from voltweb import services as accounts
+
+S = ClusterStatus
+KILL = "kill_processes"
+FAULT_DRILLS = (
+    "ecc_uncorrectable",
+    "gpu_lost",
+    "unreachable",
+    "link_degraded",
+    "link_flapping",
+    "ib_fallback",
+)
+DRILLS = (KILL, *FAULT_DRILLS)
+# A drill needs running nodes: the statuses in which a cluster has them.
+DRILLABLE = (S.READY, S.DEGRADED, S.RECOVERING)
+
+
+class DrillRefused(Exception):
+    """The drill cannot run as asked; the message says what to do (a 400, or 403 when `forbidden`)."""
+
+    def __init__(self, message: str, field: str = "non_field_errors", forbidden: bool = False):
+        super().__init__(message)
+        self.field = field
+        self.forbidden = forbidden
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    drill: str
+    host: str
+    rank: int
+    detail: str
+
+
+def may_run_drills(user: AbstractBaseUser, cluster: Cluster) -> bool:
+    """Platform admins and the admins of the cluster's team."""
+    return accounts.is_team_admin(user, cluster.team)
+
+
+def describe() -> list[dict]:
+    """The drills, with what each does and whether it takes a value."""
+    rows = [{"drill": KILL, "description": "SIGKILL every process of this cluster on the node's host",
+             "value": None}]  # fmt: skip
+    for name in FAULT_DRILLS:
+        fault = fault_table.BY_NAME[name]
+        value = fault.value.label if fault.value else None
+        rows.append({"drill": name, "description": fault.description, "value": value})
+    return rows
+
+
+def run_drill(
+    cluster: Cluster, user: AbstractBaseUser, drill: str, *, rank: int, value: str = "", clear: bool = False
+) -> DrillResult:
+    """Run (or, `clear`, undo) one drill on the node of `rank`. Raises DrillRefused."""
+    if not may_run_drills(user, cluster):
+        raise DrillRefused(
+            "Only platform admins and the admins of the cluster's team run drills.", forbidden=True
+        )
+    if drill not in DRILLS:
+        raise DrillRefused(f"Unknown drill {drill!r}: choose one of {', '.join(DRILLS)}.", field="drill")
+    if cluster.status not in DRILLABLE:
+        raise DrillRefused(
+            f"The cluster is {cluster.status}: drills run on a ready, degraded or recovering cluster.",
+            field="drill",
+        )
+    node = (
+        ClusterNode.objects.filter(cluster=cluster, rank=rank, released_at__isnull=True)
+        .select_related("host__provider", "host__fabric")
+        .first()
+    )
+    if node is None:
+        ranks = sorted(cluster.nodes.filter(released_at__isnull=True).values_list("rank", flat=True))
+        raise DrillRefused(f"The cluster has no node of rank {rank}: its ranks are {ranks}.", field="rank")
+    if drill == KILL:
+        if clear:
+            raise DrillRefused(
+                "A killed process cannot be cleared: recovery replaces the node.", field="drill"
+            )
+        detail = _kill(cluster, node)
+    else:
+        detail = _fault(node, drill, value, user, clear)
+    verb = "cleared" if clear else "ran"
+    message = f"fault drill {verb} by {user.get_username()}: {drill} on {node.host.name} (rank {node.rank}): {detail}"
+    event = ClusterEvent.objects.create(
+        cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message, actor=user
+    )
+    realtime.broadcast(
+        f"cluster-{cluster.pk}",
+        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
+    )
+    return DrillResult(drill, node.host.name, node.rank, detail)
+
+
+def _kill(cluster: Cluster, node: ClusterNode) -> str:
+    with inventory.driver_for(node.host) as driver:
+        try:
+            pids = ray_nodes.node_processes(driver, ray_cluster_id(cluster))
+            if not pids:
+                return "no process of this cluster was running there"
+            driver.run(
+                f"kill -KILL {' '.join(shlex.quote(str(p)) for p in pids)} 2>/dev/null; true", timeout=20
+            )
+        except DriverError as exc:
+            raise DrillRefused(f"{node.host.name} did not answer: {exc}", field="rank") from None
+    return f"SIGKILL sent to {len(pids)} process(es)"
+
+
+def _fault(node: ClusterNode, drill: str, value: str, user, clear: bool) -> str:
+    host = node.host
+    if host.driver != DriverKind.LOCAL:
+        raise DrillRefused(
+            f"{drill} is injected into local hosts only ({host.name} is an {host.driver} host); "
+            f"use {KILL} there.",
+            field="drill",
+        )
+    fault = fault_table.BY_NAME[drill]
+    if not clear:
+        number = None
+        if fault.value is not None:
+            try:
+                number = int(value) if value != "" else None
+            except ValueError:
+                raise DrillRefused(
+                    f"value must be a whole number: {fault.value.label}.", field="value"
+                ) from None
+        kind = fault_table.HostKind(host.gpu_model, host.fabric.kind if host.fabric_id else "")
+        problem = fault.problem(kind, number)
+        if problem:
+            raise DrillRefused(problem[1], field="value" if problem[0] == "fault_value" else "drill")
+        value = fault.content(number)
+    try:
+        if clear:
+            inventory.clear_host_fault(host, drill, actor=user)
+        else:
+            inventory.inject_fault(host, drill, value, actor=user)
+    except (ValueError, DriverError) as exc:
+        raise DrillRefused(str(exc), field="drill") from None
+    return "fault cleared" if clear else f"fault injected{f' ({value})' if value else ''}"
