@@ -137,13 +137,11 @@ MIN_MESSAGE_BYTES = 64 * 1024
 _SWEEP_SHARE = 0.6  # of the budget; the per-host phase gets the rest
 # The whole job keeps the budget: what Ray's start-up (job supervisor, working_dir, driver, one worker
 # per node, `import torch`) took comes off the measurement, which gets what is left less _FINISH_S
-# (ray.shutdown, the job's end, the caller's status poll and log fetch: ~1 s measured) and shares it:
-# the per-host windows at most _HOST_SHARE (each window costs ~_WINDOW_OVERHEAD_S more: a warm-up and a
-# calibration step, the actor call), the sweep the rest, at least _MIN_SWEEP_S.
+# (ray.shutdown, the job's end, the caller's status poll and log fetch: ~1 s measured): the per-host
+# windows keep their length (each costs ~_WINDOW_OVERHEAD_S more: a warm-up and a calibration step, the
+# actor call), the sweep gets the rest, at least _MIN_SWEEP_S.
 _FINISH_S = 1.0
-_HOST_SHARE = 0.35
 _WINDOW_OVERHEAD_S = 0.15
-_MIN_WINDOW_S = 0.05
 _MIN_SWEEP_S = 0.5
 _SIZES_SPAN = 64  # smallest size = largest / 64 (7 sizes at most)
 # One link-test exchange lasts about this long at the predicted rate: a few fit in a window, and a link
@@ -194,8 +192,8 @@ def measure_budget(
     """(sweep budget, per-host window, seconds the job had spent before measuring).
 
     Without a start time the sweep gets _SWEEP_SHARE of the budget and the windows stay (the budget
-    then covers the measurement only). With one, the whole job keeps the budget: the measurement gets
-    budget - spent - _FINISH_S, the windows at most _HOST_SHARE of it, the sweep the rest."""
+    then covers the measurement only). With one, the whole job keeps the budget where it can: the
+    measurement gets budget - spent - _FINISH_S, the per-host windows as they are, the sweep the rest."""
     if not budget_s:
         return None, host_window_s, None
     if job_started_unix is None:
@@ -203,9 +201,10 @@ def measure_budget(
     # A clock that disagrees with the caller's (another host) counts as no start-up, at most half.
     spent = min(max(0.0, time.time() - job_started_unix), budget_s / 2)
     left = max(0.0, budget_s - spent - _FINISH_S)
-    host_s = min(windows * (host_window_s + _WINDOW_OVERHEAD_S), _HOST_SHARE * left)
-    window = max(_MIN_WINDOW_S, host_s / max(1, windows) - _WINDOW_OVERHEAD_S)
-    sweep = max(_MIN_SWEEP_S, left - windows * (window + _WINDOW_OVERHEAD_S))
+    # The windows keep their length: a CPU-throttled host (a cgroup quota over a 100 ms period) shows
+    # only in a window longer than the period, so only the sweep gives way to a slow start-up.
+    sweep = max(_MIN_SWEEP_S, left - windows * (host_window_s + _WINDOW_OVERHEAD_S))
+    window = host_window_s
     return round(sweep, 3), round(window, 3), round(spent, 3)
 
 
