@@ -316,8 +316,8 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
         shared = shared_storage_dir(cluster)
         shared.mkdir(parents=True, exist_ok=True)
         storage = f"ln -sfn {shlex.quote(str(shared))} ~/{workdir}/storage"
-        if run_as:
-            storage += f" && chown {run_as}:{run_as} {shlex.quote(str(shared))}"
+        if run_as:  # the cluster's user alone: another cluster's user must not read its checkpoints
+            storage += f" && chown {run_as}:{run_as} {shlex.quote(str(shared))} && chmod 700 {shlex.quote(str(shared))}"
     else:
         storage = f"mkdir -p ~/{workdir}/storage"
     script = " && ".join(

@@ -134,4 +134,25 @@ def node_temp_dir(cluster: Cluster, node: ClusterNode) -> str:
 
 def shared_storage_dir(cluster: Cluster) -> Path:
     """Local hosts share this machine: their storage paths all point at one folder (a real shared FS)."""
-    return Path(settings.VOLT_DATA_DIR) / "shared-storage" / ray_cluster_id(cluster)
+    return shared_storage_root() / ray_cluster_id(cluster)
+
+
+def shared_storage_root() -> Path:
+    """Where local clusters' shared storage lives: `<VOLT_DATA_DIR>/shared-storage` when other users can
+    reach it, else `/var/tmp/volt-<install id>/shared-storage`.
+
+    A cluster's Unix user writes its jobs' checkpoints there; a data dir under a folder closed to others
+    (/root, a `mktemp -d` checkout, pytest's tmp folders) made every checkpoint write fail with EACCES. The
+    choice depends only on the data dir, so it is the same for a cluster's whole life. Each cluster's own
+    folder is its user's, mode 0700 (provision.prepare_host): clusters do not read each other's."""
+    inside = Path(settings.VOLT_DATA_DIR).absolute() / "shared-storage"
+    if _searchable_by_others(inside.parent):
+        return inside
+    return Path("/var/tmp") / f"volt-{namespace.install_id(settings.VOLT_DATA_DIR)}" / "shared-storage"
+
+
+def _searchable_by_others(folder: Path) -> bool:
+    try:
+        return all(f.stat().st_mode & 0o001 for f in (folder, *folder.parents) if f.exists())
+    except OSError:
+        return False
