@@ -43,6 +43,8 @@ def setup(workdir: Path, hosts: int) -> None:
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "voltweb.settings",
+            "DEBUG": "1",  # a dev run like the demo (DEBUG=0 wants a real SECRET_KEY since issue 9)
+            "VOLT_ALLOW_LOCAL_HOSTS": "1",  # off by default since issue 9; the bench adds them as Volt
             "VOLT_DATA_DIR": str(workdir),
             "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
             "VOLT_AUTO_PROVISION": "0",

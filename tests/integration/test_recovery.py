@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -225,9 +226,13 @@ def wait_job(job_id: int, predicate, timeout_s: float, what: str):
     raise AssertionError(f"{what}: not within {timeout_s:g} s; job {job and (job.status, job.last_step)}")
 
 
-def test_a_job_interrupted_by_a_worker_loss_resumes_from_its_last_checkpoint_with_the_same_result(
-    alice, root, team_a, hosts, tmp_path, settings
+@pytest.mark.parametrize("lost", ["worker", "head"])
+def test_a_job_interrupted_by_a_node_loss_resumes_from_its_last_checkpoint_with_the_same_result(
+    lost, alice, root, team_a, hosts, tmp_path, settings
 ):
+    """A worker's or the head's processes SIGKILLed mid-run: the node is replaced (the cluster re-formed
+    around a new head), the job resumes from its last synchronized checkpoint — never from one written
+    during the failure (some shards, no manifest) — and ends bitwise equal to an uninterrupted run."""
     from jobs import recovery as job_recovery
     from jobs import services as jobs
 
@@ -252,15 +257,23 @@ def test_a_job_interrupted_by_a_worker_loss_resumes_from_its_last_checkpoint_wit
 
         job = demo(0.4)
         wait_job(job.pk, lambda j: (j.last_step or 0) >= 25, 300, "the demo past its second checkpoint")
-        worker = node_of(cluster, head=False)
+        victim = node_of(cluster, head=lost == "head")
         before = last_recovery_id(cluster)
-        drills.run_drill(cluster, root, "kill_processes", rank=worker.rank)
+        drills.run_drill(cluster, root, "kill_processes", rank=victim.rank)
+        # A checkpoint caught by the failure: one rank's shard of a later step, and no manifest.
+        synced = sorted(Path(jobs.checkpoint_dir(job)).glob("step-*/manifest.json"))[-1].parent
+        partial = synced.parent / "step-00000059"
+        partial.mkdir()
+        shard = sorted(synced.glob("shard-*.pt"))[0]
+        (partial / shard.name).write_bytes(shard.read_bytes())
         done = wait_recovery(cluster, before, status="succeeded")
         job = wait_job(
             job.pk, lambda j: j.status in ("succeeded", "failed", "stopped"), 400, "the resumed demo"
         )
         assert job.status == "succeeded", (job.status_reason, jobs.read_log(job)["text"][-3000:])
         assert job.attempt == 2 and job.resume_from and job.last_step == steps
+        assert Path(job.resume_from).name != partial.name and int(Path(job.resume_from).name[5:]) < 59
+        assert job.checkpoints.get(path=str(partial)).synchronized is False
         assert job.result["params_sha256"] == expected  # bitwise the same model as the uninterrupted run
         entry = done.jobs[0]
         assert entry["job"] == job.pk and entry["checkpoint_step"] >= 20 and 0 <= entry["steps_lost"] <= every
