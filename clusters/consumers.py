@@ -8,6 +8,7 @@ import time
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from clusters import live, services
@@ -91,7 +92,8 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _still_allowed(self) -> bool:
-        user = type(self.user).objects.filter(pk=self.user.pk, is_active=True).first()
+        # The session's user is a lazy wrapper (UserLazyObject): its type has no manager.
+        user = get_user_model().objects.filter(pk=self.user.pk, is_active=True).first()
         return user is not None and services.visible_clusters(user).filter(pk=self.cluster_id).exists()
 
 
@@ -168,5 +170,6 @@ class OverviewConsumer(AsyncJsonWebsocketConsumer):
     def _view(self):
         from clusters.live_views import overview_snapshot
 
-        user = type(self.user).objects.filter(pk=self.user.pk, is_active=True).first()
+        # The session's user is a lazy wrapper (UserLazyObject): its type has no manager.
+        user = get_user_model().objects.filter(pk=self.user.pk, is_active=True).first()
         return overview_snapshot(user) if user is not None else None

@@ -103,3 +103,23 @@ def test_events_reach_a_socket_without_a_database_hop_per_message(ready, alice, 
     listener.close()
     assert [m["seq"] for m in listener.messages if m["kind"] == "bench"] == [0, 1, 2]
     assert during_events == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_membership_recheck_works_for_a_session_user(ready, alice):
+    """A signed-in browser's scope user is Channels' lazy wrapper: the periodic membership re-check looked
+    up `type(user).objects` and raised AttributeError on every event past 30 s (seen in the browser
+    tests), so a removed member was never closed. Fails before, passes after."""
+    from asgiref.sync import async_to_sync
+    from channels.auth import UserLazyObject
+
+    from clusters.consumers import ClusterConsumer
+    from voltweb.models import Membership
+
+    lazy = UserLazyObject()
+    lazy._wrapped = alice
+    consumer = ClusterConsumer()
+    consumer.user, consumer.cluster_id = lazy, ready.pk
+    assert async_to_sync(consumer._still_allowed)() is True
+    Membership.objects.filter(team=ready.team, user=alice).delete()  # removed from the team
+    assert async_to_sync(consumer._still_allowed)() is False
