@@ -1,7 +1,7 @@
 """Emulated fabric: measured / predicted busbw of 2-node local clusters at block, fabric and site level,
 and of a block pair with one host under `link_degraded:25`, with the probe's run time at each.
 
-    sudo .venv/bin/python bench/fabric.py [--budget-s 12] [--iters 5]
+    sudo .venv/bin/python bench/fabric.py [--budget-s 5] [--iters 5]
 
 Needs root (or CAP_NET_ADMIN) to shape links; without it the summary says "emulated": false and the
 ratios compare plain loopback with the declared fabric (meaningless, as the console says). Sets up its
@@ -176,7 +176,7 @@ def run_case(name: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=12.0, help="VOLT_PROBE_BUDGET_S")
+    parser.add_argument("--budget-s", type=float, default=5.0, help="VOLT_PROBE_BUDGET_S (the default)")
     parser.add_argument("--iters", type=int, default=5, help="VOLT_PROBE_ITERS")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="volt-bench-fabric-") as workdir:

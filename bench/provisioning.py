@@ -116,7 +116,7 @@ def volt_run(nodes: int) -> dict:
     result = cluster.probe_result or {}
     return {
         "probe_phases_s": result.get("phases_s", {}),
-        "probe_job_s": result.get("job_s"),
+        "probe_wall_s": result.get("wall_s"),
         "seconds": round(total, 2),
         "probe_seconds": round(probe, 2),
         "busbw_gbps": cluster.measured_busbw_gbps,
@@ -224,7 +224,7 @@ def _measure(sizes: list[int], repeats: int) -> list[dict]:
                 bases.append(baseline_run(hosts, slot_base=80))
             print(
                 f"  {nodes} node(s) round {round_ + 1}: Volt {volt['seconds']} s (probe {volt['probe_seconds']} s:"
-                f" job {volt['probe_job_s']} s, {volt['probe_phases_s']}), ray start {bases[-1]} s",
+                f" wall {volt['probe_wall_s']} s, {volt['probe_phases_s']}), ray start {bases[-1]} s",
                 flush=True,
             )
         volt_s = statistics.median(v["seconds"] for v in volts)
@@ -246,7 +246,7 @@ def _measure(sizes: list[int], repeats: int) -> list[dict]:
                 "probe_spread_s": _spread([v["probe_seconds"] for v in volts]),
                 "ray_start_spread_s": _spread(bases),
                 "probe_busbw_gbps": statistics.median(v["busbw_gbps"] or 0.0 for v in volts) or None,
-                "probe_job_s": _median_or_none([v["probe_job_s"] for v in volts]),
+                "probe_wall_s": _median_or_none([v["probe_wall_s"] for v in volts]),
                 "probe_phases_s": {
                     phase: _median_or_none([v["probe_phases_s"].get(phase) for v in volts])
                     for phase in sorted({p for v in volts for p in v["probe_phases_s"]})

@@ -3,8 +3,9 @@
 API/console ─▶ request_probe(): 202, probe_cluster_task queued on commit (queue: provisioning)
 beat ─▶ probe_idle_clusters(): READY clusters whose interval (cluster.probe_interval_min, else
         VOLT_PROBE_INTERVAL_MIN; 0 = off) has passed and on whose head no Ray job runs
-worker ─▶ run_probe(id): one at a time per cluster (a lock), the light probe (sized to VOLT_PROBE_BUDGET_S
-          at the prediction, as verification: provision.probe_job_for) as a Ray job → a `busbw` sample (source probe) → below VOLT_PROBE_MIN_FRACTION of the
+worker ─▶ run_probe(id): one at a time per cluster (provision.probe_lock_key), the light probe (sized to
+          VOLT_PROBE_BUDGET_S at the prediction, as verification: provision.run_probe) on every host →
+          a `busbw` sample (source probe) → below VOLT_PROBE_MIN_FRACTION of the
           prediction: `bandwidth_alert` on the cluster, naming the slow host when the per-host
           phase finds one; at or above: the alert clears
 """
@@ -22,7 +23,8 @@ from clusters import metrics, provision, ray_head
 from clusters.choices import WATCHED, ClusterStatus, MetricSource
 from clusters.models import Cluster, ClusterEvent
 from clusters.probes import allreduce
-from clusters.provisioning import ray_nodes
+from clusters.probes.launch import ProbeRun
+from inventory.drivers.base import DriverError
 from voltweb import realtime
 from voltweb.taskutils import enqueue_on_commit
 
@@ -76,7 +78,7 @@ def probe_idle_clusters(now=None) -> int:
 
 
 def job_running(cluster: Cluster) -> bool:
-    """Whether a job (other than Volt's own probe) holds the cluster; an unanswering head counts as busy."""
+    """Whether a Ray job holds the cluster (the probe is none); an unanswering head counts as busy."""
     try:
         jobs = ray_head.head_request(
             cluster.dashboard_url,
@@ -86,16 +88,13 @@ def job_running(cluster: Cluster) -> bool:
         )
     except ray_head.HeadUnreachable:
         return True
-    return any(
-        job.get("status") in BUSY_JOB_STATES and "allreduce.py" not in (job.get("entrypoint") or "")
-        for job in jobs or []
-    )
+    return any(job.get("status") in BUSY_JOB_STATES for job in jobs or [])
 
 
 def run_probe(cluster_id: int) -> dict | None:
     """Probe one cluster (skipped while another probe of it runs); store, alert, broadcast. The result."""
-    key = f"volt:probe:{cluster_id}"
-    if not cache.add(key, 1, timeout=int(settings.VOLT_PROBE_TIMEOUT_S) + 60):
+    key = provision.probe_lock_key(cluster_id)
+    if not cache.add(key, 1, timeout=provision.probe_lock_s()):
         return None
     try:
         cluster = Cluster.objects.get(pk=cluster_id)
@@ -112,21 +111,14 @@ def _probe(cluster: Cluster) -> dict | None:
     if len(nodes) < 2:
         _finish(cluster, None, "probe skipped: a single node has no inter-node all-reduce to measure")
         return None
-    entrypoint, runtime_env = provision.probe_job_for(cluster, nodes)  # light: its time budget
     try:
-        status, logs = ray_nodes.submit_job(
-            cluster.dashboard_url,
-            entrypoint,
-            runtime_env,
-            settings.VOLT_PROBE_TIMEOUT_S,
-            auth_token=ray_head.token_for(cluster),
-        )
-        result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
-    except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:
-        status, logs, result = "ERROR", str(exc), None
+        probe = provision.run_probe(cluster, nodes)  # light: its time budget
+    except DriverError as exc:
+        probe = ProbeRun("ERROR", str(exc), None)
+    result = probe.result
     if result is None:
-        tail = " ".join(logs.strip().splitlines()[-2:])[:300]
-        _finish(cluster, None, f"bandwidth probe {status.lower()}: {tail}")
+        tail = " ".join(probe.output.strip().splitlines()[-2:])[:300]
+        _finish(cluster, None, f"bandwidth probe {probe.status.lower()}: {tail}")
         return None
     measured = result.get("max_busbw_gbps") or 0.0
     metrics.record_busbw(cluster, measured, MetricSource.PROBE)

@@ -2,7 +2,7 @@
 
     PROVISIONING: cluster key pair → prepare every host in parallel (workspace, authorized key, shared
                   storage) → Ray head → workers in parallel → the head reports every node ALIVE
-    VERIFYING:    the all-reduce probe runs as a Ray job (clusters/probes/allreduce.py) → stored next to
+    VERIFYING:    the all-reduce probe runs on every host (clusters/probes/launch.py) → stored next to
                   the prediction, flagged when below VOLT_PROBE_MIN_FRACTION of it; a flagged cluster
                   whose probe names one host as the slowest gets it replaced (back to PROVISIONING, up
                   to VOLT_SLOW_HOST_REPLACEMENTS times) and is probed again
@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -31,7 +32,7 @@ from django.utils import timezone
 from clusters import allocations, metrics, placement, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
-from clusters.probes import allreduce
+from clusters.probes import allreduce, launch
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
     ensure_keys,
@@ -385,6 +386,7 @@ def _ports_free(ports: ray_nodes.NodePorts) -> bool:
     """Whether every fixed port of a slot is free on this machine, on any address (Ray binds wildcards,
     and a node left over from elsewhere may hold one on its own 127.0.0.N)."""
     fixed = [port for name, port in vars(ports).items() if name not in ("min_worker", "max_worker")]
+    fixed.append(ports.gcs + ray_nodes.PROBE_PORT_OFFSET)  # the probe's rendezvous, on a head's host
     for port in fixed:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "held"
@@ -398,12 +400,13 @@ def _ports_free(ports: ray_nodes.NodePorts) -> bool:
 # --- verification ------------------------------------------------------------------------------------
 
 
-def probe_job_for(
-    cluster: Cluster, nodes: list[ClusterNode], submitted_unix: float | None = None
-) -> tuple[str, dict]:
-    """The all-reduce probe as a Ray job, sized to VOLT_PROBE_BUDGET_S at the cluster's predicted busbw
-    (allreduce.budget_plan): verification and the live probe (on demand, idle) alike. `submitted_unix`:
-    when the caller submits it (the budget counts from there: Ray's start-up of the job is inside it)."""
+def run_probe(cluster: Cluster, nodes: list[ClusterNode]) -> launch.ProbeRun:
+    """The all-reduce probe over the cluster's hosts, sized to VOLT_PROBE_BUDGET_S at its predicted busbw
+    (allreduce.budget_plan): verification and the live probe (on demand, idle) alike.
+
+    One rank per node, started through the host's driver as the node's own processes start (its user,
+    environment and marker: teardown stops a leftover rank with the node), rank 0 on the head's host
+    serving the rendezvous on its slot's probe port. One probe of a cluster at a time (`probe_lock`)."""
     plan = allreduce.budget_plan(
         cluster.predicted_busbw_gbps,
         settings.VOLT_PROBE_BUDGET_S,
@@ -412,17 +415,56 @@ def probe_job_for(
         _PROBE_WARMUP,
         settings.VOLT_PROBE_MAX_MB * allreduce.MB,
     )
-    local = nodes[0].host.driver == DriverKind.LOCAL
-    return allreduce.probe_job(
-        settings.VOLT_PROBE_MAX_MB,
-        settings.VOLT_PROBE_ITERS,
-        warmup=_PROBE_WARMUP,
-        python=python_for(nodes[0].host),
-        expected_nodes=len(nodes),
-        env_vars={"GLOO_SOCKET_IFNAME": "lo"} if local else None,
-        plan=plan,
-        submitted_unix=submitted_unix,
-    )
+    ordered = sorted(nodes, key=lambda node: (not node.is_head, node.host.address))
+    drivers = [inventory.driver_for(node.host) for node in ordered]
+    try:
+        hosts = [_probe_host(cluster, node, driver) for node, driver in zip(ordered, drivers, strict=True)]
+        return launch.run_probe(
+            hosts,
+            ray_nodes.probe_port(ordered[0].slot),
+            plan=plan,
+            max_mb=settings.VOLT_PROBE_MAX_MB,
+            iters=settings.VOLT_PROBE_ITERS,
+            warmup=_PROBE_WARMUP,
+            timeout_s=settings.VOLT_PROBE_TIMEOUT_S,
+            hosts_below_gbps=_hosts_phase_threshold(cluster, ordered),
+        )
+    finally:
+        for driver in drivers:
+            driver.close()
+
+
+def _hosts_phase_threshold(cluster: Cluster, nodes: list[ClusterNode]) -> float | None:
+    """Below what busbw the probe's per-host phase runs: where the cluster would be flagged. None (always)
+    when the measurement is not compared with the prediction (no prediction; local hosts over plain
+    loopback), where the hosts' relative verdict alone names a slow one."""
+    local = any(node.host.driver == DriverKind.LOCAL for node in nodes)
+    if not cluster.predicted_busbw_gbps or (local and not inventory.links_emulated()):
+        return None
+    return settings.VOLT_PROBE_MIN_FRACTION * cluster.predicted_busbw_gbps
+
+
+def _probe_host(cluster: Cluster, node: ClusterNode, driver) -> launch.ProbeHost:
+    local = node.host.driver == DriverKind.LOCAL
+    python = python_for(node.host)
+    env = {
+        ray_nodes.NODE_MARKER_VAR: ray_nodes.node_marker(ray_cluster_id(cluster), driver),
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, node.gpu_indices)),  # the cluster's GPUs, as its node's
+        **_node_env(node.host),
+    }
+    run_as = (cluster.node_user or None) if local else None
+    prefix = ray_nodes.launcher(tenancy.node_temp_dir(cluster, node), run_as, env, python)
+    return launch.ProbeHost(driver, node.host.address, python, prefix)
+
+
+def probe_lock_key(cluster_id: int) -> str:
+    """The cache key held while a probe of the cluster runs (its rendezvous port fits one probe)."""
+    return f"volt:probe:{cluster_id}"
+
+
+def probe_lock_s() -> int:
+    """How long the lock outlives a worker that died holding it: the probe's own time limit, and a minute."""
+    return int(settings.VOLT_PROBE_TIMEOUT_S) + 60
 
 
 def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
@@ -434,24 +476,13 @@ def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
     if len(nodes) == 1:
         return _ready(cluster, None, "single node: no inter-node all-reduce to measure")
     local = nodes[0].host.driver == DriverKind.LOCAL
-    submitted = time.time()  # the budget covers the whole job: Ray's start-up of it included
-    entrypoint, runtime_env = probe_job_for(cluster, nodes, submitted)
-    try:
-        status, logs = ray_nodes.submit_job(
-            cluster.dashboard_url,
-            entrypoint,
-            runtime_env,
-            settings.VOLT_PROBE_TIMEOUT_S,
-            auth_token=ray_auth_token(cluster),
-        )
-        result = allreduce.parse_result(logs) if status == "SUCCEEDED" else None
-    except (OSError, ValueError, RuntimeError, ray_nodes.JobTimedOut) as exc:
-        status, logs, result = "ERROR", str(exc), None
-    if result is not None:
-        allreduce.add_submission_times(result, submitted, time.time())
+    probe = _probe_waiting_for_others(cluster, nodes)
+    result = probe.result
     if result is None:
-        tail = "\n".join(logs.strip().splitlines()[-5:])
-        return fail(cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {status.lower()}: {tail}")
+        tail = "\n".join(probe.output.strip().splitlines()[-5:])
+        return fail(
+            cluster, FailureReason.VERIFICATION_FAILED, f"all-reduce probe {probe.status.lower()}: {tail}"
+        )
     _still_wanted(cluster)
     result["links_emulated"] = not local or inventory.links_emulated()
     if local and result["links_emulated"]:  # the figures are at this scale (the page says so)
@@ -487,6 +518,24 @@ def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
 
 
 _PROBE_WARMUP = 2
+
+
+def _probe_waiting_for_others(cluster: Cluster, nodes: list[ClusterNode]) -> launch.ProbeRun:
+    """Verification's probe: it waits while a live probe of the cluster (a DEGRADED one) finishes."""
+    key = probe_lock_key(cluster.pk)
+    deadline = time.monotonic() + settings.VOLT_PROBE_TIMEOUT_S
+    while not cache.add(key, 1, timeout=probe_lock_s()):
+        if time.monotonic() > deadline:
+            return launch.ProbeRun(
+                "ERROR", "another probe of this cluster held it past VOLT_PROBE_TIMEOUT_S", None
+            )
+        time.sleep(0.2)
+    try:
+        return run_probe(cluster, nodes)
+    except DriverError as exc:
+        return launch.ProbeRun("ERROR", str(exc), None)
+    finally:
+        cache.delete(key)
 
 
 def _flagged(cluster: Cluster, result: dict | None) -> bool:

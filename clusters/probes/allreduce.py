@@ -1,17 +1,23 @@
-"""All-reduce bandwidth probe: one rank per Ray node, timed as nccl-tests times it.
+"""All-reduce bandwidth probe: one rank per host, timed as nccl-tests times it.
 
-Runs ON a cluster as a Ray job (plain Python, no Django; torch and ray are imported only there):
+Runs ON a cluster's hosts (plain Python, no Django, no Ray; torch is imported only there). The caller
+(`clusters/probes/launch.py`) starts one process per host through the host's driver, at once:
 
-    python allreduce.py --max-mb 256 --iters 20 --warmup 5
+    python - --rank R --world N --master <rank 0's IP> --port P --node-ip <this host's IP> ... < allreduce.py
 
-It places one actor on every ALIVE node (NodeAffinitySchedulingStrategy, hard), forms a process
-group rooted at rank 0's node IP, checks one small all-reduce for correctness, then all-reduces
-float32 tensors of 1 MB .. max MB (powers of two): `warmup` untimed calls, then the average of
-`iters` timed calls; a size's time is the slowest rank's. Per size it reports bytes, time_s,
-algbw_gbps = bytes / time / 1e9 and busbw_gbps = algbw * 2(n-1)/n, and prints one line
+Rank 0 serves the rendezvous (a TCPStore on its node IP and the port of its Ray slot reserved for the
+probe), the ranks form a process group, check one small all-reduce for correctness, then all-reduce
+float32 tensors of the planned sizes: `warmup` untimed calls, then the average of `iters` timed calls; a
+size's time is the slowest rank's. Per size it reports bytes, time_s, algbw_gbps = bytes / time / 1e9
+and busbw_gbps = algbw * 2(n-1)/n, and rank 0 prints one line
 
     VOLT_PROBE_RESULT {"nodes": n, "backend": "gloo", "results": [...], "max_busbw_gbps": ...,
                        "hosts": [...], "links": [...]}
+
+The probe does not start as a Ray job: a job's fixed start-up (the job supervisor, the working_dir
+upload, a driver, one Ray worker per node) cost 5-10 s of every bring-up on a loaded box and measured
+nothing. The ranks run the cluster's runtime, as the cluster's Unix user, with the node's environment
+(its marker, so teardown finds a leftover rank), so they see the links Ray's workers see.
 
 Sizes follow a time budget (`budget_plan`): from the predicted busbw and VOLT_PROBE_BUDGET_S the
 caller picks the largest message the sweep can afford (a cross-site cluster is not probed with
@@ -26,22 +32,23 @@ ones, and the closing link of an odd ring on its own), each a two-way exchange b
 so the phase's cost does not grow with the node count on a non-blocking fabric. Each figure
 is the best of `--host-rounds` windows of `--host-window-s` seconds, taken round-robin so a host's
 windows lie apart in time: a moment of load elsewhere does not make a host look slow, while a
-throttled one (CPU quota, bad DIMM, degraded NIC) stays slow in every window. A host's `link_gbps` is its best link: on a ring of three or more, a slow host is
-the one whose best link is slow too. `slowest_host()` reads the verdict.
+throttled one (CPU quota, bad DIMM, degraded NIC) stays slow in every window. A host's `link_gbps` is
+its best link: on a ring of three or more, a slow host is the one whose best link is slow too.
+`slowest_host()` reads the verdict.
 
-Backend: nccl when every rank sees CUDA (`torch.cuda.is_available()`), else gloo. The actors ask Ray
-for no GPU: CPU-only local hosts advertise GPUs that do not exist, and Ray 2.60 leaves
-CUDA_VISIBLE_DEVICES alone for zero-GPU actors, so on GPU hosts a rank still sees the node's devices.
-Gloo binds to the node's Ray IP (not to whatever the hostname resolves to), so local hosts stay on
-their 127.0.0.N address and real hosts on the interface Ray uses.
+Backend: nccl when every rank sees CUDA (`torch.cuda.is_available()`), else gloo. Gloo binds to the
+node's IP (not to whatever the hostname resolves to), so local hosts stay on their 127.0.0.N address
+and real hosts on the interface Ray uses.
 
-The caller side (`probe_job`, `parse_result`) imports nothing heavy and may be used from Django.
+The caller side (`parse_result`, `budget_plan`, `slowest_host`) imports nothing heavy and may be used
+from Django.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import sys
@@ -49,58 +56,22 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 RESULT_PREFIX = "VOLT_PROBE_RESULT "
-_STARTED_UNIX = time.time()  # the job's driver process is up (before `import ray`): phases count from here
+_STARTED_UNIX = time.time()  # this rank's process is up (before `import torch`): phases count from here
 MB = 1 << 20
 _GROUP_TIMEOUT = timedelta(seconds=120)
-_RAY_TIMEOUT_S = 600.0
 
 
-def probe_job(
-    max_mb: int = 256,
-    iters: int = 20,
-    warmup: int = 5,
-    *,
-    python: str = "python",
-    expected_nodes: int | None = None,
-    env_vars: Mapping[str, str] | None = None,
-    plan: ProbePlan | None = None,
-    submitted_unix: float | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """The (entrypoint, runtime_env) to submit this probe as a Ray job.
-
-    The working_dir upload ships this folder; pass `env_vars={"GLOO_SOCKET_IFNAME": "lo"}` on local
-    hosts (DESIGN.md) so any other torch code in the job stays on loopback too. With a `plan`
-    (`budget_plan`), its sizes replace 1 MB .. max_mb.
-    """
-    args = [python, "allreduce.py", "--max-mb", str(max_mb), "--iters", str(iters), "--warmup", str(warmup)]
-    if plan is not None:
-        args += ["--sizes", ",".join(str(size) for size in plan.sizes), "--link-bytes", str(plan.link_bytes),
-                 "--local-bytes", str(plan.local_bytes), "--budget-s", f"{plan.budget_s:g}"]  # fmt: skip
-    if expected_nodes is not None:
-        args += ["--nodes", str(expected_nodes)]
-    if submitted_unix is not None:  # the budget counts from here: Ray's job start-up is inside it
-        args += ["--submitted-unix", f"{submitted_unix:.3f}"]
-    runtime_env: dict[str, Any] = {
-        "working_dir": str(Path(__file__).resolve().parent),
-        "excludes": ["__pycache__"],
-    }
-    if env_vars:
-        runtime_env["env_vars"] = dict(env_vars)
-    return " ".join(args), runtime_env
-
-
-def add_submission_times(result: dict[str, Any], submitted_unix: float, finished_unix: float) -> None:
-    """The caller's side of where the probe's time went: submission -> the driver process up (Ray's job
-    supervisor, the working_dir upload and unpacking, the driver's Python start) and the whole job as
-    the caller saw it (`job_s`, with its status polling and log fetch)."""
+def add_launch_times(result: dict[str, Any], launched_unix: float, finished_unix: float) -> None:
+    """The caller's side of where the probe's time went: launch -> rank 0's process up (the host
+    driver's command, the interpreter's start) and the whole probe as the caller saw it (`wall_s`)."""
     phases = result.setdefault("phases_s", {})
     if "started_unix" in result:
-        phases["to_driver_s"] = round(max(0.0, result["started_unix"] - submitted_unix), 3)
-    result["job_s"] = round(finished_unix - submitted_unix, 3)
+        phases = {"launch_s": round(max(0.0, result["started_unix"] - launched_unix), 3), **phases}
+        result["phases_s"] = phases
+    result["wall_s"] = round(finished_unix - launched_unix, 3)
 
 
 def parse_result(logs: str) -> dict[str, Any]:
@@ -135,13 +106,13 @@ class ProbePlan:
 
 MIN_MESSAGE_BYTES = 64 * 1024
 _SWEEP_SHARE = 0.6  # of the budget; the per-host phase gets the rest
-# The whole job keeps the budget: what Ray's start-up (job supervisor, working_dir, driver, one worker
-# per node, `import torch`) took comes off the measurement, which gets what is left less _FINISH_S
-# (ray.shutdown, the job's end, the caller's status poll and log fetch: ~1 s measured): the per-host
+# The whole probe keeps the budget: what its start-up (the launch on every host, `import torch`, the
+# rendezvous) took comes off the measurement, which gets what is left less _FINISH_S (the hand-over
+# of figures to rank 0, the processes' exit, the caller's read of rank 0's output): the per-host
 # windows keep their length (each costs ~_WINDOW_OVERHEAD_S more: a warm-up and a calibration step, the
-# actor call), the sweep gets the rest, at least _MIN_SWEEP_S.
-_FINISH_S = 1.0
-_WINDOW_OVERHEAD_S = 0.15
+# barrier), the sweep gets the rest, at least _MIN_SWEEP_S.
+_FINISH_S = 0.3
+_WINDOW_OVERHEAD_S = 0.1
 _MIN_SWEEP_S = 0.5
 _SIZES_SPAN = 64  # smallest size = largest / 64 (7 sizes at most)
 # One link-test exchange lasts about this long at the predicted rate: a few fit in a window, and a link
@@ -311,17 +282,23 @@ def slowest_host(result: Mapping[str, Any], fraction: float = 0.5) -> dict[str, 
     return worst if worst is not None and worst["ratio"] < fraction else None
 
 
+_CALIBRATION_STEPS = 3
+
+
 def _best_rate(step: Any, nbytes: int, window_s: float, rounds: int, agree: Any = None) -> float:
     """GB/s of `step()` (which moves nbytes and waits for it): the best of `rounds` timed windows.
 
-    A window is a fixed number of steps, sized from a first timed step to last about `window_s`;
+    A window is a fixed number of steps, sized from the fastest of three timed steps to last about
+    `window_s` of unthrottled time;
     `agree(count)` lets two ranks that step together settle on one count (every send needs its recv).
     """
     step()  # warm up: allocations, connections
-    started = time.perf_counter()
-    step()
-    once = max(time.perf_counter() - started, 1e-6)
-    count = max(1, min(10_000, round(window_s / once)))
+    once = float("inf")
+    for _ in range(_CALIBRATION_STEPS):  # the fastest: a step that waited out a CPU quota's period
+        started = time.perf_counter()  # would size the window in few steps, which then fit in one
+        step()  # quota slice and pass a throttled host as healthy
+        once = min(once, time.perf_counter() - started)
+    count = max(1, min(10_000, round(window_s / max(once, 1e-6))))
     if agree is not None:
         count = agree(count)
     best = 0.0
@@ -397,41 +374,47 @@ class _Collective:
 
 
 class Rank:
-    """One probe rank (a Ray actor on one node)."""
+    """One probe rank: a process on one host, started by the caller through the host's driver."""
 
-    def __init__(self) -> None:
-        import ray
-
-        self.node_ip = ray.util.get_node_ip_address()
-        self._store = None
+    def __init__(self, node_ip: str) -> None:
+        self.node_ip = node_ip
+        self._store: Any = None
         self._group: _Collective | None = None
+        self._world = 1
 
     def info(self) -> dict[str, Any]:
         import torch
 
         return {"node_ip": self.node_ip, "hostname": socket.gethostname(), "cuda": torch.cuda.is_available()}
 
-    def host_store(self, world: int) -> int:
-        """Rank 0: open the rendezvous store on this node's IP; returns its (kernel-chosen, free) port."""
+    def connect(self, rank: int, world: int, master: str, port: int, timeout: timedelta) -> Any:
+        """The rendezvous store: rank 0 serves it on its node's IP and `port`, the others connect."""
         from torch.distributed import TCPStore
 
-        self._store = TCPStore(
-            self.node_ip, 0, world, is_master=True, wait_for_workers=False, timeout=_GROUP_TIMEOUT
-        )
-        return self._store.port
+        if rank == 0:
+            self._store = TCPStore(
+                master, port, world, is_master=True, wait_for_workers=False, timeout=timeout
+            )
+        else:
+            self._store = TCPStore(master, port, world, is_master=False, timeout=timeout)
+        return self._store
 
-    def join(self, rank: int, world: int, master: str, port: int, backend: str) -> bool:
+    def join(self, rank: int, world: int, backend: str) -> bool:
         """Form the process group; True when a small all-reduce adds up right on this rank."""
         import torch
-        from torch.distributed import TCPStore
 
-        store = self._store or TCPStore(master, port, world, is_master=False, timeout=_GROUP_TIMEOUT)
-        self._group = _Collective(backend, store, rank, world, self.node_ip)
+        self._group = _Collective(backend, self._store, rank, world, self.node_ip)
         self._world = world
         check = torch.full((8,), float(rank + 1), device=self._group.device)
         self._group.all_reduce(check)
         self._group.synchronize()
         return bool(torch.all(check == world * (world + 1) / 2).item())
+
+    def barrier(self) -> None:
+        import torch
+
+        self._group.all_reduce(torch.zeros(1, device=self._group.device))
+        self._group.synchronize()
 
     def allreduce_times(
         self, sizes: list[int], iters: int, warmup: int, budget_s: float | None = None
@@ -501,26 +484,45 @@ class Rank:
         return (time.perf_counter() - started) / iters
 
 
-def run_probe(
-    max_mb: int,
-    iters: int,
-    warmup: int,
+def _publish(store: Any, key: str, value: Any) -> None:
+    store.set(key, json.dumps(value))
+
+
+def _read(store: Any, key: str) -> Any:
+    return json.loads(store.get(key))
+
+
+def run_rank(
+    rank: int,
+    world: int,
+    master: str,
+    port: int,
+    node_ip: str,
+    *,
+    max_mb: int = 256,
+    iters: int = 20,
+    warmup: int = 5,
     backend: str = "auto",
-    expected_nodes: int | None = None,
     host_window_s: float = 0.2,
-    host_rounds: int = 2,
+    host_rounds: int = 3,
     sizes: list[int] | None = None,
     link_bytes: int | None = None,
     local_bytes: int | None = None,
     budget_s: float | None = None,
     job_started_unix: float | None = None,
-):
-    """Run the probe on the connected Ray cluster (call ray.init() first); returns the summary dict.
+    rendezvous_timeout_s: float = 120.0,
+    hosts_below_gbps: float | None = None,
+) -> dict[str, Any] | None:
+    """This process's part of the probe (every rank runs the same steps); rank 0 returns the summary.
 
-    With `budget_s` and `job_started_unix` (when the job was submitted), the measurement gets what the
-    job's start-up left of the budget (`measure_budget`)."""
-    import ray
-
+    Ranks meet at rank 0's TCPStore (`master`:`port`), form the group, agree on rank 0's plan (the
+    budget left after start-up, `measure_budget`), run the sweep together, then the per-host phase one
+    host / one set of disjoint links at a time (a barrier between steps), and hand their figures to
+    rank 0 through the store. With `job_started_unix` (when the caller launched the ranks), the
+    measurement gets what the start-up left of `budget_s`. With `hosts_below_gbps`, the per-host phase
+    runs only when the sweep's busbw is below it (the cluster missed its expectation: which host is
+    to blame?); a cluster that meets it is not held up by tests whose verdict nobody would act on.
+    """
     started_at = time.perf_counter()
     phases: dict[str, float] = {}
     mark = [started_at]
@@ -530,73 +532,80 @@ def run_probe(
         phases[name] = round(now - mark[0], 3)
         mark[0] = now
 
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = sorted(
-        (node for node in ray.nodes() if node["Alive"]),
-        key=lambda node: ("node:__internal_head__" not in node["Resources"], node["NodeManagerAddress"]),
-    )
-    if expected_nodes is not None and len(nodes) != expected_nodes:
-        raise RuntimeError(f"expected {expected_nodes} ALIVE nodes, found {len(nodes)}")
-    remote_rank = ray.remote(num_cpus=0, max_restarts=0)(Rank)
-    ranks = [
-        remote_rank.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-        ).remote()
-        for node in nodes
-    ]
-
-    def get(refs):
-        return ray.get(refs, timeout=_RAY_TIMEOUT_S)
-
-    infos = get([rank.info.remote() for rank in ranks])
-    lap("actors_s")  # a worker process per node with the job's runtime env, `import torch` in it
+    timeout = timedelta(seconds=rendezvous_timeout_s)
+    me = Rank(node_ip)
+    info = me.info()  # `import torch`
+    lap("import_s")
+    store = me.connect(rank, world, master, port, timeout)
+    _publish(store, f"volt/info/{rank}", info)
+    infos = [_read(store, f"volt/info/{i}") for i in range(world)]
     if backend == "auto":
-        backend = "nccl" if all(info["cuda"] for info in infos) else "gloo"
-    world, sizes = len(ranks), list(sizes or message_sizes(max_mb))
-    port = get(ranks[0].host_store.remote(world))
-    master = infos[0]["node_ip"]
-    correct = get([rank.join.remote(i, world, master, port, backend) for i, rank in enumerate(ranks)])
-    lap("join_s")  # the process group (gloo/nccl rendezvous, the correctness all-reduce)
+        backend = "nccl" if all(other["cuda"] for other in infos) else "gloo"
+    correct = me.join(rank, world, backend)
+    lap("join_s")  # the rendezvous (every rank up and connected) and the correctness all-reduce
+    sizes = list(sizes or message_sizes(max_mb))
+    groups = link_groups(ring_links(world))
+    pairs = ring_links(world)
     try:
-        groups = link_groups(ring_links(world))
-        windows = host_rounds * (world + len(groups))
-        sweep_budget, host_window_s, spent = measure_budget(
-            budget_s, job_started_unix, windows, host_window_s
-        )
+        if rank == 0:  # one clock decides what is left of the budget
+            # A per-host phase that may not run gets no share: the sweep takes what is left.
+            windows = host_rounds * (world + len(groups)) if hosts_below_gbps is None else 0
+            _publish(store, "volt/plan", measure_budget(budget_s, job_started_unix, windows, host_window_s))
+        sweep_budget, host_window_s, spent = _read(store, "volt/plan")
         lap("plan_s")
-        times = get([rank.allreduce_times.remote(sizes, iters, warmup, sweep_budget) for rank in ranks])
-        sizes = sizes[: min(len(t) for t in times)]  # the sizes that ran
+        times = me.allreduce_times(sizes, iters, warmup, sweep_budget)
+        _publish(store, f"volt/times/{rank}", times)
+        every = [_read(store, f"volt/times/{i}") for i in range(world)]
+        sweep_busbw = summarize(world, backend, sizes, every)["max_busbw_gbps"]  # alike on every rank
+        run_hosts = hosts_below_gbps is None or sweep_busbw < hosts_below_gbps
         lap("sweep_s")
         # One host at a time, then disjoint links at once: no two measured things share a host. Rounds
         # go round-robin, so a host's windows lie apart in time and a burst of load elsewhere that
         # spoils one of them does not spoil the other: the best window counts.
-        local_size = local_bytes or min(sizes[-1], 64 * MB)
-        link_size = link_bytes or min(sizes[-1], 64 * MB)
-        local = [0.0] * world
-        pairs = ring_links(world)
-        link_rates = {pair: 0.0 for pair in pairs}
-        for _ in range(host_rounds):
-            for i, rank in enumerate(ranks):
-                local[i] = max(local[i], get(rank.local_gbps.remote(local_size, host_window_s, 1)))
-        for _ in range(host_rounds):
+        ran = sizes[: len(times)]
+        local_size = local_bytes or min(ran[-1], 64 * MB)
+        link_size = link_bytes or min(ran[-1], 64 * MB)
+        local = 0.0
+        link_rates: dict[str, list[float]] = {}  # "a-b" -> this rank's figure per round
+        for _ in range(host_rounds if run_hosts else 0):
+            for turn in range(world):
+                if turn == rank:
+                    local = max(local, me.local_gbps(local_size, host_window_s, 1))
+                me.barrier()
+        for _ in range(host_rounds if run_hosts else 0):
             for group in groups:
-                refs = [(ranks[a].link_gbps.remote(b, link_size, host_window_s, 1),
-                         ranks[b].link_gbps.remote(a, link_size, host_window_s, 1)) for a, b in group]  # fmt: skip
-                for pair, (ref_a, ref_b) in zip(group, refs, strict=True):
-                    link_rates[pair] = max(link_rates[pair], min(get([ref_a, ref_b])))
-        links = [(a, b, link_rates[(a, b)]) for a, b in pairs]
+                for a, b in group:
+                    if rank in (a, b):
+                        rate = me.link_gbps(b if rank == a else a, link_size, host_window_s, 1)
+                        link_rates.setdefault(f"{a}-{b}", []).append(rate)
+                me.barrier()
         lap("hosts_s")
+        _publish(store, f"volt/result/{rank}", {"times": times, "local": local, "links": link_rates})
+        if rank != 0:
+            return None
+        mine = [_read(store, f"volt/result/{i}") for i in range(world)]
     finally:
-        get([rank.close.remote() for rank in ranks])
-    lap("close_s")
-    node_ips = [info["node_ip"] for info in infos]
+        me.close()
+    lap("gather_s")
+    ran = sizes[: min(len(r["times"]) for r in mine)]  # the sizes every rank ran
+    links = []
+    for a, b in pairs:  # per round, the slower side's figure; the best round counts
+        key = f"{a}-{b}"
+        rounds = zip(mine[a]["links"].get(key, []), mine[b]["links"].get(key, []), strict=False)
+        links.append((a, b, max((min(x, y) for x, y in rounds), default=0.0)))
+    node_ips = [other["node_ip"] for other in infos]
+    if run_hosts:
+        phase = {"ran": True, "why": "always" if hosts_below_gbps is None else
+                 f"the sweep's {sweep_busbw:.3g} GB/s is below {hosts_below_gbps:.3g} GB/s"}  # fmt: skip
+    else:
+        phase = {"ran": False, "why": f"the sweep's {sweep_busbw:.3g} GB/s met {hosts_below_gbps:.3g} GB/s"}
     return summarize(
-        world, backend, sizes, times,
-        node_ips=node_ips, iters=iters, warmup=warmup, correct=all(correct),
-        hosts=summarize_hosts(node_ips, local, links),
-        links=[{"ranks": [a, b], "gbps": gbps} for a, b, gbps in links],
-        sizes_bytes=sizes, link_bytes=link_size, local_bytes=local_size, budget_s=budget_s,
+        world, backend, ran, [r["times"] for r in mine],
+        node_ips=node_ips, iters=iters, warmup=warmup, correct=bool(correct),
+        hosts=summarize_hosts(node_ips, [r["local"] for r in mine], links) if run_hosts else [],
+        links=[{"ranks": [a, b], "gbps": gbps} for a, b, gbps in links] if run_hosts else [],
+        hosts_phase=phase,
+        sizes_bytes=ran, link_bytes=link_size, local_bytes=local_size, budget_s=budget_s,
         link_groups=[[list(pair) for pair in group] for group in groups],
         elapsed_s=time.perf_counter() - started_at, phases_s=phases,
         spent_before_measuring_s=spent, sweep_budget_s=sweep_budget, host_window_s=host_window_s,
@@ -604,18 +613,22 @@ def run_probe(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Volt all-reduce bandwidth probe (one rank per Ray node).")
+    parser = argparse.ArgumentParser(
+        description="Volt all-reduce bandwidth probe: one rank per host (run the same on every host)."
+    )
+    parser.add_argument("--rank", type=int, required=True, help="this host's rank (0 serves the rendezvous)")
+    parser.add_argument("--world", type=int, required=True, help="number of ranks (hosts)")
+    parser.add_argument("--master", required=True, help="rank 0's IP (its node IP)")
+    parser.add_argument("--port", type=int, required=True, help="rank 0's rendezvous port")
+    parser.add_argument("--node-ip", required=True, help="this host's IP: gloo binds to it")
     parser.add_argument("--max-mb", type=int, default=256, help="largest message, MB (power of two)")
     parser.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")
     parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     parser.add_argument(
-        "--nodes", type=int, default=None, help="fail unless exactly this many nodes are ALIVE"
-    )
-    parser.add_argument(
         "--host-window-s", type=float, default=0.2, help="per-host tests: seconds per timed window"
     )
-    parser.add_argument("--host-rounds", type=int, default=2, help="per-host tests: windows (best counts)")
+    parser.add_argument("--host-rounds", type=int, default=3, help="per-host tests: windows (best counts)")
     parser.add_argument("--sizes", default="", help="all-reduce message sizes in bytes, comma-separated")
     parser.add_argument("--link-bytes", type=int, default=None, help="link-test message, bytes")
     parser.add_argument("--local-bytes", type=int, default=None, help="local memory test message, bytes")
@@ -626,40 +639,48 @@ def main(argv: list[str] | None = None) -> int:
         "--submitted-unix",
         type=float,
         default=None,
-        help="when the job was submitted (the budget counts from it)",
+        help="when the caller launched the ranks (the budget counts from it)",
+    )
+    parser.add_argument(
+        "--rendezvous-timeout-s", type=float, default=120.0, help="how long ranks wait for each other"
+    )
+    parser.add_argument(
+        "--hosts-below-gbps",
+        type=float,
+        default=None,
+        help="run the per-host phase only when the sweep's busbw is below this (default: always)",
     )
     args = parser.parse_args(argv)
-
-    import ray
-
-    ray.init(log_to_driver=False)  # inside the job: the job supervisor sets RAY_ADDRESS
-    driver_ready_unix = time.time()
-    try:
-        summary = run_probe(
-            args.max_mb,
-            args.iters,
-            args.warmup,
-            args.backend,
-            args.nodes,
-            args.host_window_s,
-            args.host_rounds,
-            sizes=[int(size) for size in args.sizes.split(",") if size] or None,
-            link_bytes=args.link_bytes,
-            local_bytes=args.local_bytes,
-            budget_s=args.budget_s,
-            job_started_unix=min(args.submitted_unix, _STARTED_UNIX) if args.submitted_unix else None,
-        )
-    finally:
-        ray.shutdown()
-    # `import ray` + ray.init() in the driver; the caller adds submission -> driver start (started_unix).
-    summary["phases_s"] = {
-        "driver_init_s": round(driver_ready_unix - _STARTED_UNIX, 3),
-        **summary["phases_s"],
-    }
-    summary["started_unix"] = _STARTED_UNIX
-    print(RESULT_PREFIX + json.dumps(summary), flush=True)
-    return 0 if summary["correct"] else 1
+    summary = run_rank(
+        args.rank,
+        args.world,
+        args.master,
+        args.port,
+        args.node_ip,
+        max_mb=args.max_mb,
+        iters=args.iters,
+        warmup=args.warmup,
+        backend=args.backend,
+        host_window_s=args.host_window_s,
+        host_rounds=args.host_rounds,
+        sizes=[int(size) for size in args.sizes.split(",") if size] or None,
+        link_bytes=args.link_bytes,
+        local_bytes=args.local_bytes,
+        budget_s=args.budget_s,
+        job_started_unix=min(args.submitted_unix, _STARTED_UNIX) if args.submitted_unix else None,
+        rendezvous_timeout_s=args.rendezvous_timeout_s,
+        hosts_below_gbps=args.hosts_below_gbps,
+    )
+    if summary is not None:
+        summary["started_unix"] = _STARTED_UNIX
+        print(RESULT_PREFIX + json.dumps(summary), flush=True)
+    return 0 if summary is None or summary["correct"] else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown (torch's and gloo's destructors: ~1 s of every bring-up measured):
+    # the figures are out, the store's clients are gone, nothing is left to write.
+    os._exit(code)

@@ -16,7 +16,8 @@ Every Ray node gets a *slot*; slot s owns the 50 ports `20000 + 50*s` .. `20000 
             9   the dashboard's own Prometheus endpoint (env DASHBOARD_METRIC_PORT; Ray's default
                 44227 would be shared by every head on a machine)
            10   the autoscaler monitor's Prometheus endpoint (env AUTOSCALER_METRIC_PORT, default 44217)
-        11-14   spare
+           11   the all-reduce probe's rendezvous (rank 0's TCPStore, on the head's host; `probe_port`)
+        12-14   spare
         15-49   worker processes (--min/--max-worker-port): 35 per node
 
 Slots 0..99 span 20000-24999: above Ray's default worker range (10002-19999), clear of Redis 6379,
@@ -82,6 +83,7 @@ PORT_BASE = 20000
 PORTS_PER_SLOT = 50
 MAX_SLOT = 99
 _WORKER_PORT_OFFSET = 15
+PROBE_PORT_OFFSET = 11
 
 NODE_MARKER_VAR = "VOLT_RAY_NODE"
 # What a node keeps of the session that starts it (everything else is dropped by `env -i`). On local
@@ -132,6 +134,11 @@ class NodePorts:
     autoscaler_metrics: int
     min_worker: int
     max_worker: int
+
+
+def probe_port(slot: int) -> int:
+    """The port the all-reduce probe's rank 0 serves its rendezvous on, in `slot`'s block (offset 11)."""
+    return ports_for(slot).gcs + PROBE_PORT_OFFSET
 
 
 def ports_for(slot: int) -> NodePorts:
@@ -271,7 +278,7 @@ def _start_node(
         *([f"--object-store-memory={object_store_bytes}"] if object_store_bytes is not None else []),
     ]  # fmt: skip
     node_env = {
-        NODE_MARKER_VAR: _marker(cluster_id, driver),
+        NODE_MARKER_VAR: node_marker(cluster_id, driver),
         "RAY_USAGE_STATS_ENABLED": "0",
         "DASHBOARD_METRIC_PORT": str(ports.dashboard_metrics),
         "AUTOSCALER_METRIC_PORT": str(ports.autoscaler_metrics),
@@ -514,7 +521,7 @@ def job_processes(driver: HostDriver, cluster_id: str, job_marker: str, *, kill:
     left. Several local hosts share one /proc: the node marker keeps each host's answer its own."""
     if not re.match(r"^[\w.@/-]{1,200}$", job_marker):
         raise ValueError(f"job marker {job_marker!r} has characters a marker never has.")
-    node = shlex.quote(f"{NODE_MARKER_VAR}={_marker(cluster_id, driver)}")
+    node = shlex.quote(f"{NODE_MARKER_VAR}={node_marker(cluster_id, driver)}")
     job = shlex.quote(f"{JOB_MARKER_VAR}={job_marker}")
     script = "\n".join(
         [
@@ -549,7 +556,7 @@ def _list_function(cluster_id: str, driver: HostDriver) -> str:
 
     Zombies are left out: they are dead already and their parent (or init) reaps them.
     """
-    marker = shlex.quote(f"{NODE_MARKER_VAR}={_marker(cluster_id, driver)}")
+    marker = shlex.quote(f"{NODE_MARKER_VAR}={node_marker(cluster_id, driver)}")
     pid_file = f"{_workdir_expr(cluster_id)}/node.pid"
     return (
         "volt_node_pids() {\n"
@@ -563,11 +570,13 @@ def _list_function(cluster_id: str, driver: HostDriver) -> str:
 
 def _is_ours(cluster_id: str, driver: HostDriver) -> str:
     """Shell test: process $pid is alive and this node's (a recycled PID would not carry the marker)."""
-    marker = shlex.quote(f"{NODE_MARKER_VAR}={_marker(cluster_id, driver)}")
+    marker = shlex.quote(f"{NODE_MARKER_VAR}={node_marker(cluster_id, driver)}")
     return f'grep -qzxF {marker} "/proc/$pid/environ" 2>/dev/null'
 
 
-def _marker(cluster_id: str, driver: HostDriver) -> str:
+def node_marker(cluster_id: str, driver: HostDriver) -> str:
+    """The value of NODE_MARKER_VAR for the node of `cluster_id` on this host: whatever carries it in its
+    environment (Ray's processes, a job's, the probe's ranks) is stopped with the node."""
     return f"{cluster_id}@{driver.address}"
 
 

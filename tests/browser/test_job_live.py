@@ -117,7 +117,9 @@ def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, sc
 
             expect(page.locator("#job-log")).to_contain_text("VOLT_EVENT", timeout=240_000)
             expect(page.locator("#job-status")).to_have_text("Running", timeout=30_000)
-            expect(cluster_page.locator("#jobs-table .job-status").first).to_have_text("Running", timeout=30_000)
+            expect(cluster_page.locator("#jobs-table .job-status").first).to_have_text(
+                "Running", timeout=30_000
+            )
             # (No wait_for_function: the console's CSP forbids evaluating strings.)
             deadline = time.monotonic() + 120
             while int(chart.get_attribute("data-job-points") or 0) <= before:

@@ -31,7 +31,11 @@ def worker_and_beat(
     saved = celery_app.conf.beat_schedule
     # Only the watch: the other periodic tasks (host health sweep, reapers) are not what is tested here.
     celery_app.conf.beat_schedule = {
-        name: {**SCHEDULE[name], "schedule": every, "options": {**SCHEDULE[name]["options"], "expires": every}}
+        name: {
+            **SCHEDULE[name],
+            "schedule": every,
+            "options": {**SCHEDULE[name]["options"], "expires": every},
+        }
         for name, every in [*((n, interval_s) for n in entries), *(also or {}).items()]
     }
     beat = EmbeddedService(

@@ -208,7 +208,7 @@ def test_an_emulated_local_cluster_says_its_figures_are_at_the_emulation_scale(
     cluster = Cluster.objects.get()
     Cluster.objects.filter(pk=cluster.pk).update(predicted_busbw_gbps=0.003125)
     ready(cluster, probe_result={"nodes": 2, "backend": "gloo", "links_emulated": True, "fabric_scale": 0.00025,
-                                 "sizes_bytes": [1 << 20], "elapsed_s": 6.0, "job_s": 11.4,
+                                 "sizes_bytes": [1 << 20], "elapsed_s": 6.0, "wall_s": 11.4,
                                  "results": [{"bytes": 1 << 20, "time_s": 0.3, "algbw_gbps": 0.0031,
                                               "busbw_gbps": 0.0031}]})  # fmt: skip
     Cluster.objects.filter(pk=cluster.pk).update(measured_busbw_gbps=0.00318)
@@ -217,7 +217,7 @@ def test_an_emulated_local_cluster_says_its_figures_are_at_the_emulation_scale(
     assert 'id="links-emulated"' in page and "× 0.00025 of the declared fabric" in page
     assert "0.0032 GB/s" in page and "0.0031 GB/s" in page and not re.search(r"(?<![0-9])0\.0 GB/s", page)
     assert 'id="predicted-scale"' in page
-    assert "probe 11.4 s (job, Ray's start-up of it included)" in page  # not the measurement's 6 s
+    assert "probe 11.4 s (its start-up on every host included)" in page  # not the measurement's 6 s
     listing = client.get("/clusters/").content.decode()
     assert "0.0031 GB/s" in listing and not re.search(r"(?<![0-9])0\.0 GB/s", listing)
 

@@ -105,22 +105,44 @@ def test_a_sweep_cut_short_reports_only_the_sizes_that_ran():
     assert [r["bytes"] for r in result["results"]] == [MB, 2 * MB]
 
 
-def test_the_measurement_gets_what_the_jobs_start_up_left_of_the_budget(monkeypatch):
+def test_the_measurement_gets_what_the_probes_start_up_left_of_the_budget(monkeypatch):
     from clusters.probes import allreduce
 
+    finish, overhead = allreduce._FINISH_S, allreduce._WINDOW_OVERHEAD_S
     monkeypatch.setattr(allreduce.time, "time", lambda: 1000.0)
-    # 5 s of start-up (submission, driver, actors, torch) of a 12 s budget: 6 s are left to measure
-    # (1 s for the job's end); the host windows keep their 0.2 s (a throttled host shows only over a
-    # window longer than its cgroup's 100 ms period), the sweep gets the rest.
+    # 5 s of start-up (launch, `import torch`, rendezvous) of a 12 s budget: 7 s less the finish are left
+    # to measure; the host windows keep their 0.2 s (a throttled host shows only over a window longer
+    # than its cgroup's 100 ms period), the sweep gets the rest.
     sweep, window, spent = allreduce.measure_budget(12.0, 995.0, windows=6, host_window_s=0.2)
     assert spent == 5.0 and window == 0.2
-    assert sweep + 6 * (window + allreduce._WINDOW_OVERHEAD_S) == pytest.approx(6.0)
+    assert sweep + 6 * (window + overhead) == pytest.approx(7.0 - finish)
     # Without the submission time the budget covers the measurement only (as before).
     assert allreduce.measure_budget(12.0, None, 6, 0.2) == (12.0 * 0.6, 0.2, None)
     # A start-up past the budget (or a skewed clock) counts half the budget at most: the measurement
     # always keeps the rest (a probe that measures nothing would say nothing).
     sweep, window, spent = allreduce.measure_budget(12.0, 900.0, 6, 0.2)
-    assert spent == 6.0 and sweep == pytest.approx(12.0 - 6.0 - 1.0 - 6 * 0.35) and window == 0.2
+    assert spent == 6.0 and sweep == pytest.approx(12.0 - 6.0 - finish - 6 * (0.2 + overhead))
+    assert window == 0.2
     assert allreduce.measure_budget(12.0, 2000.0, 6, 0.2)[2] == 0.0
-    entrypoint, _ = allreduce.probe_job(4, 2, submitted_unix=995.0)
-    assert "--submitted-unix 995.000" in entrypoint
+
+
+def test_a_window_is_sized_from_the_fastest_step_so_a_throttled_host_cannot_hide(monkeypatch):
+    """Seen after the probe left Ray: a throttled host's (20% CPU quota) timed step sometimes waited out its
+    cgroup's period, the window was sized at 2-3 steps, fitted in one quota slice and the host passed as
+    healthy. Sized from the fastest of three timed steps, the window spans its periods."""
+    from clusters.probes import allreduce
+
+    clock = [0.0]
+    durations = iter([0.001, 0.08, 0.002, 0.002] + [0.002] * 1000)  # warm-up, a stalled step, then steady
+    calls = []
+
+    def step():
+        calls.append(1)
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(allreduce.time, "perf_counter", lambda: clock[0])
+
+    rate = allreduce._best_rate(step, 1_000_000, window_s=0.2, rounds=1)
+
+    assert len(calls) == 1 + 3 + 100  # warm-up, three calibration steps, a window of 0.2 s / 2 ms
+    assert rate == pytest.approx(1_000_000 * 100 / 0.2 / 1e9)

@@ -31,5 +31,7 @@ def test_storage_moves_out_of_a_data_dir_others_cannot_reach(settings, tmp_path)
     closed.mkdir(mode=0o700)
     settings.VOLT_DATA_DIR = str(closed / "data")
     root = tenancy.shared_storage_root()
-    assert root == Path("/var/tmp") / f"volt-{namespace.install_id(settings.VOLT_DATA_DIR)}" / "shared-storage"
+    assert (
+        root == Path("/var/tmp") / f"volt-{namespace.install_id(settings.VOLT_DATA_DIR)}" / "shared-storage"
+    )
     assert not str(root).startswith(str(closed))

@@ -14,7 +14,6 @@ from django.utils import timezone
 from clusters import bandwidth_watch, health, metrics, provision, transitions
 from clusters.models import Cluster, MetricMinute, MetricSample
 from clusters.probes import allreduce
-from clusters.provisioning import ray_nodes
 from inventory.discovery.types import GpuInfo
 
 from .conftest import spec
@@ -132,11 +131,10 @@ def probe_logs(cluster: Cluster, local_gbps: list[float], busbw: float) -> str:
 
 
 def test_probe_on_demand_stores_a_sample_and_alerts_naming_the_slow_host(
-    ready, alice, client_for, committed, monkeypatch
+    ready, alice, client_for, committed, probe_hosts
 ):
     slow_host = provision.active_nodes(ready)[1].host
-    logs = probe_logs(ready, [10.0, 1.0], busbw=ready.predicted_busbw_gbps * 0.1)
-    monkeypatch.setattr(ray_nodes, "submit_job", lambda *a, **k: ("SUCCEEDED", logs))
+    probe_hosts.answer(probe_logs(ready, [10.0, 1.0], busbw=ready.predicted_busbw_gbps * 0.1))
 
     with committed():
         response = client_for(alice).post(f"/api/v1/clusters/{ready.pk}/probe/")
@@ -147,8 +145,7 @@ def test_probe_on_demand_stores_a_sample_and_alerts_naming_the_slow_host(
     assert MetricSample.objects.get(cluster=cluster, series="busbw").source == "probe"
     assert cluster.last_probe_at is not None
 
-    healthy_logs = probe_logs(ready, [10.0, 10.0], busbw=ready.predicted_busbw_gbps * 0.9)
-    monkeypatch.setattr(ray_nodes, "submit_job", lambda *a, **k: ("SUCCEEDED", healthy_logs))
+    probe_hosts.answer(probe_logs(ready, [10.0, 10.0], busbw=ready.predicted_busbw_gbps * 0.9))
     with committed():
         client_for(alice).post(f"/api/v1/clusters/{ready.pk}/probe/")
     assert Cluster.objects.get(pk=ready.pk).bandwidth_alert == ""  # back above the fraction: cleared
@@ -203,12 +200,11 @@ def fake_head():
     server.shutdown()
 
 
-def test_a_running_user_job_holds_the_cluster_but_the_probe_does_not(ready, fake_head):
+def test_a_running_job_holds_the_cluster(ready, fake_head):
     url, jobs = fake_head
     Cluster.objects.filter(pk=ready.pk).update(dashboard_url=url)
     ready.refresh_from_db()
-    jobs += [{"status": "SUCCEEDED", "entrypoint": "python train.py"},
-             {"status": "RUNNING", "entrypoint": "python allreduce.py --max-mb 64"}]  # fmt: skip
+    jobs.append({"status": "SUCCEEDED", "entrypoint": "python train.py"})
     assert not bandwidth_watch.job_running(ready)
     jobs.append({"status": "RUNNING", "entrypoint": "python train.py"})
     assert bandwidth_watch.job_running(ready)
@@ -217,19 +213,14 @@ def test_a_running_user_job_holds_the_cluster_but_the_probe_does_not(ready, fake
     assert bandwidth_watch.job_running(ready)  # a head that does not answer: not idle, no probe
 
 
-def test_the_live_probe_is_sized_to_the_probe_budget_as_verification_is(ready, settings, monkeypatch):
+def test_the_live_probe_is_sized_to_the_probe_budget_as_verification_is(ready, settings, probe_hosts):
     """Issue 12: "the verification probe, light (its time budget)" — not a fixed message-size cap."""
     settings.VOLT_PROBE_BUDGET_S = 7.0
-    submitted = []
-    logs = probe_logs(ready, [10.0, 10.0], busbw=ready.predicted_busbw_gbps)
-    monkeypatch.setattr(
-        ray_nodes, "submit_job", lambda url, entry, *a, **k: submitted.append(entry) or ("SUCCEEDED", logs)
-    )
+    probe_hosts.answer(probe_logs(ready, [10.0, 10.0], busbw=ready.predicted_busbw_gbps))
 
     bandwidth_watch.run_probe(ready.pk)
 
     plan = allreduce.budget_plan(ready.predicted_busbw_gbps, 7.0, 2, settings.VOLT_PROBE_ITERS, 2,
                                  settings.VOLT_PROBE_MAX_MB * allreduce.MB)  # fmt: skip
-    args = submitted[0].split()
-    assert args[args.index("--budget-s") + 1] == "7"
-    assert args[args.index("--sizes") + 1] == ",".join(str(size) for size in plan.sizes)
+    assert probe_hosts.argument("--budget-s") == "7"
+    assert probe_hosts.argument("--sizes") == ",".join(str(size) for size in plan.sizes)

@@ -1,4 +1,4 @@
-"""What verification makes of a probe result (the Ray job API is the seam: its logs are given here)."""
+"""What verification makes of a probe result (the host driver is the seam: rank 0's output is given here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from clusters import provision, transitions
 from clusters.models import Cluster
 from clusters.probes import allreduce
-from clusters.provisioning import ray_nodes
 
 from .conftest import spec
 
@@ -35,11 +34,11 @@ def probe_logs(cluster: Cluster, local_gbps: list[float], busbw: float) -> str:
     return "job output\n" + allreduce.RESULT_PREFIX + json.dumps(summary) + "\n"
 
 
-def test_a_slow_host_is_named_but_kept_when_replacements_are_off(verifying, settings, monkeypatch):
+def test_a_slow_host_is_named_but_kept_when_replacements_are_off(verifying, settings, probe_hosts):
     settings.VOLT_SLOW_HOST_REPLACEMENTS = 0
     nodes_before = [n.host.name for n in provision.active_nodes(verifying)]
     logs = probe_logs(verifying, [120.0, 20.0], busbw=1.0)
-    monkeypatch.setattr(ray_nodes, "submit_job", lambda *args, **kwargs: ("SUCCEEDED", logs))
+    probe_hosts.answer(logs)
 
     cluster = provision.verify(verifying)
 
@@ -50,9 +49,9 @@ def test_a_slow_host_is_named_but_kept_when_replacements_are_off(verifying, sett
     assert "not replaced: VOLT_SLOW_HOST_REPLACEMENTS reached" in message
 
 
-def test_a_slow_host_is_left_alone_when_the_cluster_meets_its_prediction(verifying, monkeypatch):
+def test_a_slow_host_is_left_alone_when_the_cluster_meets_its_prediction(verifying, probe_hosts):
     logs = probe_logs(verifying, [120.0, 20.0], busbw=verifying.predicted_busbw_gbps)
-    monkeypatch.setattr(ray_nodes, "submit_job", lambda *args, **kwargs: ("SUCCEEDED", logs))
+    probe_hosts.answer(logs)
 
     cluster = provision.verify(verifying)
 
@@ -60,11 +59,12 @@ def test_a_slow_host_is_left_alone_when_the_cluster_meets_its_prediction(verifyi
     assert "is the slowest host" in cluster.events.order_by("-id").first().message
 
 
-def test_a_probe_that_prints_no_result_fails_verification(verifying, monkeypatch):
-    monkeypatch.setattr(ray_nodes, "submit_job", lambda *args, **kwargs: ("FAILED", "Traceback\nboom"))
+def test_a_probe_that_prints_no_result_fails_verification(verifying, probe_hosts):
+    probe_hosts.answer("", returncode=1, stderr="Traceback\nboom")
 
     cluster = provision.verify(verifying)
 
     assert cluster.status == "failed" and cluster.failure_reason == "verification_failed"
-    assert "all-reduce probe failed: Traceback\nboom" in cluster.failure_message
+    assert "all-reduce probe failed: rank 0 on " in cluster.failure_message
+    assert "exited 1: Traceback\nboom" in cluster.failure_message
     assert not cluster.allocations.filter(active=True).exists()

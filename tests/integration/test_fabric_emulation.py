@@ -237,6 +237,9 @@ def test_two_nodes_in_one_block_measure_the_scaled_prediction(
     assert measured == pytest.approx(predicted, rel=0.3) and not cluster["bandwidth_flagged"]
     assert cluster["probe_result"]["links_emulated"] is True
     assert cluster["probe_result"]["sizes_bytes"] == [r["bytes"] for r in cluster["probe_result"]["results"]]
+    # Met its prediction: the per-host tests (which name a host to blame) were not run, and the page says so.
+    assert cluster["probe_result"]["hosts_phase"]["ran"] is False and cluster["probe_result"]["hosts"] == []
+    assert 'id="probe-hosts-skipped"' in console_page(alice, f"/clusters/{cluster['id']}/")
     sample = BandwidthSample.objects.get(cluster_id=cluster["id"])
     assert sample.emulated and sample.source_local and sample.level == "block"
     terminate(client, committed, cluster["id"])

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from clusters.probes.allreduce import MB, parse_result, probe_job
+from clusters.probes.allreduce import MB
+from clusters.probes.launch import ProbeHost, run_probe
 from clusters.provisioning import (
     MAX_SLOT,
     NodeHandle,
@@ -31,6 +32,7 @@ from clusters.provisioning import (
     host_resource_name,
     node_processes,
     ports_for,
+    probe_port,
     start_head,
     start_worker,
     stop_node,
@@ -45,7 +47,6 @@ pytestmark = pytest.mark.integration
 SPEC = {"gpus": [{"model": "H100"}] * 8}
 GPUS = 8
 NODE_OPTIONS = {"num_gpus": GPUS, "object_store_bytes": 150 * MB}
-JOB_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
 JOIN_TIMEOUT_S = 90.0
 
 
@@ -195,14 +196,14 @@ def test_starting_a_different_node_over_a_running_one_is_refused(nodes: Nodes, c
 
 
 def test_allreduce_probe_reports_bandwidth_for_every_size(cluster: Cluster):
-    entrypoint, runtime_env = probe_job(max_mb=8, iters=5, warmup=2, expected_nodes=3, env_vars=JOB_ENV)
+    hosts = [ProbeHost(driver, driver.address, sys.executable) for driver in cluster.drivers]
 
-    status, logs = submit_job(cluster.head.dashboard_url, entrypoint, runtime_env, timeout_s=180)
+    probe = run_probe(hosts, probe_port(90), max_mb=8, iters=5, warmup=2, timeout_s=180)
 
-    assert status == "SUCCEEDED", logs[-3000:]
-    result = parse_result(logs)
+    assert probe.status == "SUCCEEDED", probe.output[-3000:]
+    result = probe.result
     assert result["nodes"] == 3 and result["backend"] == "gloo" and result["correct"]
-    assert sorted(result["node_ips"]) == cluster.ips
+    assert result["node_ips"] == cluster.ips  # rank 0 first: the order the caller gave
     assert [row["bytes"] for row in result["results"]] == [1 * MB, 2 * MB, 4 * MB, 8 * MB]
     for row in result["results"]:
         assert row["time_s"] > 0 and row["busbw_gbps"] > 0
@@ -212,6 +213,33 @@ def test_allreduce_probe_reports_bandwidth_for_every_size(cluster: Cluster):
     assert [h["node_ip"] for h in result["hosts"]] == result["node_ips"]
     assert all(h["local_gbps"] > 0 and h["link_gbps"] > 0 for h in result["hosts"])
     assert [link["ranks"] for link in result["links"]] == [[0, 1], [1, 2], [2, 0]]
+
+
+def test_the_probe_skips_its_per_host_phase_when_the_sweep_meets_the_threshold(cluster: Cluster):
+    hosts = [ProbeHost(driver, driver.address, sys.executable) for driver in cluster.drivers[:2]]
+
+    probe = run_probe(hosts, probe_port(90), max_mb=1, iters=2, warmup=1, hosts_below_gbps=1e-6)
+
+    assert probe.status == "SUCCEEDED", probe.output[-3000:]
+    assert (
+        probe.result["hosts_phase"]["ran"] is False and "met 1e-06 GB/s" in probe.result["hosts_phase"]["why"]
+    )
+    assert probe.result["hosts"] == [] and probe.result["links"] == [] and probe.result["max_busbw_gbps"] > 0
+
+
+def test_a_probe_rank_that_cannot_start_fails_the_probe_at_once_and_leaves_no_rank(cluster: Cluster):
+    hosts = [ProbeHost(driver, driver.address, sys.executable) for driver in cluster.drivers[:2]]
+    hosts.append(ProbeHost(cluster.drivers[2], cluster.drivers[2].address, "/nonexistent/python"))
+    started = time.monotonic()
+
+    probe = run_probe(hosts, probe_port(90), max_mb=1, iters=2, warmup=1)
+
+    assert probe.status == "FAILED" and probe.result is None
+    assert probe.output.startswith("rank 2 on 127.0.9.4 exited 127: ")
+    assert "/nonexistent/python" in probe.output
+    assert time.monotonic() - started < 30  # not the 60 s rendezvous the other ranks would have waited
+    marked = cluster.drivers[0].run("grep -lz VOLT_PROBE_RUN= /proc/[0-9]*/environ 2>/dev/null; true")
+    assert marked.stdout.strip() == ""  # the two waiting ranks were killed
 
 
 def test_a_task_pinned_to_each_host_runs_on_that_host(cluster: Cluster, tmp_path: Path):
