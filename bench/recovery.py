@@ -176,6 +176,29 @@ def scenario(cluster, user, args, reference: str, head: bool) -> dict:
         "steps_lost": entry.get("steps_lost"),
         "final_params_match": job.status == "succeeded" and job.result.get("params_sha256") == reference,
         "job_status": job.status,
+        # where the time went: each recovery phase's start, and the probe's own phases, seconds from the kill
+        "phases_s": {
+            phase["phase"]: round(_unix(phase["started"]) - wall0, 2)
+            for phase in (record.phases if record else [])
+        },
+        "probe": _probe_figures(cluster),
+    }
+
+
+def _unix(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _probe_figures(cluster) -> dict:
+    from clusters.models import Cluster
+
+    result = Cluster.objects.get(pk=cluster.pk).probe_result or {}
+    return {
+        "wall_s": result.get("wall_s"),
+        "phases_s": result.get("phases_s"),
+        "hosts_phase": result.get("hosts_phase"),
     }
 
 

@@ -238,7 +238,7 @@ def _start(
         "host_id": node.host_id,
         "temp_dir": tenancy.node_temp_dir(cluster, node),
         "python": python_for(node.host),
-        "env": {**_node_env(node.host), **_join_patience(head_address)},
+        "env": {**_node_env(node.host), **_join_patience(head_address), **_health_checks(head_address)},
         "auth_token": ray_auth_token(cluster),
         "run_as": run_as if local else None,
     }
@@ -300,6 +300,13 @@ def _join_patience(head_address: str | None) -> dict[str, str]:
     if head_address is None:
         return {}
     return {"RAY_NUM_REDIS_GET_RETRIES": str(max(20, int(settings.VOLT_NODE_JOIN_TIMEOUT_S // 2)))}
+
+
+def _health_checks(head_address: str | None) -> dict[str, str]:
+    """The head's GCS checks its nodes every VOLT_RAY_HEALTH_CHECK_PERIOD_MS (Ray reads RAY_<config>)."""
+    if head_address is not None:
+        return {}
+    return {"RAY_health_check_period_ms": str(settings.VOLT_RAY_HEALTH_CHECK_PERIOD_MS)}
 
 
 def _storage_path(cluster: Cluster) -> str:

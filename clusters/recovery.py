@@ -195,12 +195,14 @@ def _repair(cluster: Cluster, recovery: Recovery) -> Cluster:
             continue
         _set(recovery, replacement_ready_at=timezone.now())
         _phase(cluster, recovery, "verifying")
-        _wait_failed_nodes_dead(Cluster.objects.get(pk=cluster.pk))
+        # The probe runs on the cluster's hosts, not on Ray's node list: it does not wait for the head
+        # to give up on the dead node. The resumed jobs do (below).
         cluster = provision.verify(Cluster.objects.get(pk=cluster.pk), replace_slow=False)
         if cluster.status != S.READY:
             _end(cluster, recovery, R.FAILED, cluster.failure_message or f"cluster is {cluster.status}")
             return cluster
         _set(recovery, ready_at=timezone.now())
+        _wait_failed_nodes_dead(cluster)
         Cluster.objects.filter(pk=cluster.pk).update(queue_reason="")
         _phase(cluster, recovery, "resuming")
         _resume_work(cluster, recovery)
@@ -213,7 +215,7 @@ def _wait_failed_nodes_dead(cluster: Cluster) -> None:
     """Until the head lists only the cluster's nodes ALIVE (at most VOLT_NODE_JOIN_TIMEOUT_S).
 
     A node whose raylet was killed stays ALIVE in the head's list until Ray's health checks give up on
-    it; the probe (one rank per ALIVE node) and jobs would be placed on it meanwhile."""
+    it (5 x VOLT_RAY_HEALTH_CHECK_PERIOD_MS); a resumed job would be placed on it meanwhile."""
     expected = {n.host.address for n in provision.active_nodes(cluster)}
     token = ray_head.token_for(cluster)
     deadline = time.monotonic() + settings.VOLT_NODE_JOIN_TIMEOUT_S

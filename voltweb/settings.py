@@ -275,6 +275,11 @@ VOLT_RECOVERY_ATTEMPTS = env_int("VOLT_RECOVERY_ATTEMPTS", 3, minimum=1)  # repl
 VOLT_RECOVERY_RETRY_S = env_float("VOLT_RECOVERY_RETRY_S", 15.0, minimum=1.0, maximum=3600.0)
 VOLT_RECOVERY_STALE_S = env_int("VOLT_RECOVERY_STALE_S", 300, minimum=10)
 VOLT_NODE_JOIN_TIMEOUT_S = env_float("VOLT_NODE_JOIN_TIMEOUT_S", 90.0, minimum=5.0, maximum=3600.0)
+# How often a cluster's GCS health-checks its nodes (Ray's health_check_period_ms; Ray's default 3000). A
+# raylet that died is declared dead after 5 failed checks: ~5 s here instead of 15-30 s, so recovery
+# resumes jobs sooner (the resumed job must not be placed on the dead node). A slow answer is not a failed
+# check (Ray's 10 s timeout stays), so a loaded node is not declared dead for being slow.
+VOLT_RAY_HEALTH_CHECK_PERIOD_MS = env_int("VOLT_RAY_HEALTH_CHECK_PERIOD_MS", 1000, minimum=100)
 VOLT_PROBE_MAX_MB = env_int("VOLT_PROBE_MAX_MB", 256, minimum=1)
 VOLT_PROBE_ITERS = env_int("VOLT_PROBE_ITERS", 10, minimum=1)
 VOLT_PROBE_TIMEOUT_S = env_float("VOLT_PROBE_TIMEOUT_S", 600.0, minimum=10.0, maximum=7200.0)

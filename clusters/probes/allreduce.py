@@ -285,28 +285,52 @@ def slowest_host(result: Mapping[str, Any], fraction: float = 0.5) -> dict[str, 
 _CALIBRATION_STEPS = 3
 
 
-def _best_rate(step: Any, nbytes: int, window_s: float, rounds: int, agree: Any = None) -> float:
-    """GB/s of `step()` (which moves nbytes and waits for it): the best of `rounds` timed windows.
+def _best_rate(
+    step: Any, nbytes: int, window_s: float, rounds: int, agree: Any = None, count: int | None = None
+) -> tuple[float, int]:
+    """(GB/s of `step()`, which moves nbytes and waits for it: the best of `rounds` timed windows; the
+    window's step count).
 
-    A window is a fixed number of steps, sized from the fastest of three timed steps to last about
-    `window_s` of unthrottled time;
-    `agree(count)` lets two ranks that step together settle on one count (every send needs its recv).
+    A window is a fixed number of steps, sized from the fastest of three timed steps (after a warm-up)
+    to last about `window_s` of unthrottled time; `agree(count)` lets two ranks that step together
+    settle on one count (every send needs its recv). With `count` (from an earlier call on the same
+    thing) the warm-up and sizing are skipped.
     """
-    step()  # warm up: allocations, connections
-    once = float("inf")
-    for _ in range(_CALIBRATION_STEPS):  # the fastest: a step that waited out a CPU quota's period
-        started = time.perf_counter()  # would size the window in few steps, which then fit in one
-        step()  # quota slice and pass a throttled host as healthy
-        once = min(once, time.perf_counter() - started)
-    count = max(1, min(10_000, round(window_s / max(once, 1e-6))))
-    if agree is not None:
-        count = agree(count)
+    if count is None:
+        step()  # warm up: allocations, connections
+        once = float("inf")
+        for _ in range(_CALIBRATION_STEPS):  # the fastest: a step that waited out a CPU quota's period
+            started = time.perf_counter()  # would size the window in few steps, which then fit in one
+            step()  # quota slice and pass a throttled host as healthy
+            once = min(once, time.perf_counter() - started)
+        count = max(1, min(10_000, round(window_s / max(once, 1e-6))))
+        if agree is not None:
+            count = agree(count)
     best = 0.0
     for _ in range(rounds):
         started = time.perf_counter()
         for _ in range(count):
             step()
         best = max(best, nbytes * count / (time.perf_counter() - started) / 1e9)
+    return best, count
+
+
+def _window_rate(step: Any, nbytes: int, window_s: float, rounds: int) -> float:
+    """GB/s of `step()` over windows of `window_s` of wall time (as many steps as fit; the best of `rounds`).
+
+    For a test one rank runs alone (no peer to agree on a step count with): a window measured in time
+    spans the periods of a CPU quota whatever one step costs, so a throttled host shows as throttled.
+    """
+    step()  # warm up: allocations, first touch
+    best = 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        steps, elapsed = 0, 0.0
+        while elapsed < window_s:
+            step()
+            steps += 1
+            elapsed = time.perf_counter() - started
+        best = max(best, nbytes * steps / elapsed / 1e9)
     return best
 
 
@@ -381,6 +405,7 @@ class Rank:
         self._store: Any = None
         self._group: _Collective | None = None
         self._world = 1
+        self._counts: dict[str, int] = {}  # link-test window step counts, sized in the first round
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -429,10 +454,14 @@ class Rank:
         started = time.perf_counter()
         for size in sizes:
             if times and budget_s is not None:
-                elapsed_ms = torch.tensor([int((time.perf_counter() - started) * 1000)], device=device)
-                self._group.all_reduce(elapsed_ms)  # the sum: the same on every rank
-                elapsed = elapsed_ms.item() / 1000 / self._world
-                if elapsed + 2 * times[-1] * (iters + warmup) > budget_s:
+                # Both figures averaged over the ranks, so every rank takes the same decision: one that
+                # stopped alone would leave the others blocked in the next size's all-reduce.
+                seen = torch.tensor(
+                    [time.perf_counter() - started, times[-1]], dtype=torch.float64, device=device
+                )
+                self._group.all_reduce(seen)  # the sum: the same on every rank
+                elapsed, last = (value / self._world for value in seen.tolist())
+                if elapsed + 2 * last * (iters + warmup) > budget_s:
                     break
             tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)
             times.append(self._time(self._group, tensor, iters, warmup))
@@ -449,7 +478,7 @@ class Rank:
             a.add_(b)
             self._group.synchronize()
 
-        return _best_rate(step, 3 * size, window_s, rounds)
+        return _window_rate(step, 3 * size, window_s, rounds)
 
     def link_gbps(self, peer: int, size: int, window_s: float, rounds: int) -> float:
         """This host and `peer` (who runs the same call): both send `size` bytes to the other at once."""
@@ -465,7 +494,16 @@ class Rank:
             self._group.exchange(peer, mine, theirs)
             return max(count, int(theirs.item()))
 
-        return _best_rate(lambda: self._group.exchange(peer, send, recv), size, window_s, rounds, agree)
+        key = f"link-{peer}"  # both sides size the window once, in their first round, together
+        rate, self._counts[key] = _best_rate(
+            lambda: self._group.exchange(peer, send, recv),
+            size,
+            window_s,
+            rounds,
+            agree,
+            self._counts.get(key),
+        )
+        return rate
 
     def close(self) -> None:
         if self._group is not None:
@@ -564,7 +602,11 @@ def run_rank(
         # spoils one of them does not spoil the other: the best window counts.
         ran = sizes[: len(times)]
         local_size = local_bytes or min(ran[-1], 64 * MB)
-        link_size = link_bytes or min(ran[-1], 64 * MB)
+        # A link-test step lasts ~_LINK_STEP_S at the rate the sweep measured (not only the predicted one:
+        # without a prediction the plan's message is 64 MB, seconds per window on a slow link).
+        link_size = _power_of_two_at_most(
+            min(link_bytes or min(ran[-1], 64 * MB), max(MIN_MESSAGE_BYTES, sweep_busbw * 1e9 * _LINK_STEP_S))
+        )
         local = 0.0
         link_rates: dict[str, list[float]] = {}  # "a-b" -> this rank's figure per round
         for _ in range(host_rounds if run_hosts else 0):

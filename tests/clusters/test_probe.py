@@ -126,10 +126,30 @@ def test_the_measurement_gets_what_the_probes_start_up_left_of_the_budget(monkey
     assert allreduce.measure_budget(12.0, 2000.0, 6, 0.2)[2] == 0.0
 
 
-def test_a_window_is_sized_from_the_fastest_step_so_a_throttled_host_cannot_hide(monkeypatch):
-    """Seen after the probe left Ray: a throttled host's (20% CPU quota) timed step sometimes waited out its
-    cgroup's period, the window was sized at 2-3 steps, fitted in one quota slice and the host passed as
-    healthy. Sized from the fastest of three timed steps, the window spans its periods."""
+def test_a_local_window_is_measured_in_time_so_a_throttled_host_cannot_hide(monkeypatch):
+    """Seen after the probe left Ray: a throttled host's (20% CPU quota) window, sized in steps from a
+    timed step, sometimes came out at a few steps that fitted in one quota slice, and the host passed as
+    healthy. A window of wall time spans the quota's periods whatever one step costs."""
+    from clusters.probes import allreduce
+
+    clock = [0.0]
+    calls = []
+
+    def throttled_step():  # 2 ms of work; every 10th step waits out the rest of a 100 ms period
+        calls.append(1)
+        clock[0] += 0.002 + (0.08 if len(calls) % 10 == 0 else 0.0)
+
+    monkeypatch.setattr(allreduce.time, "perf_counter", lambda: clock[0])
+
+    rate = allreduce._window_rate(throttled_step, 1_000_000, window_s=0.2, rounds=2)
+
+    assert rate == pytest.approx(1_000_000 / 0.01 / 1e9, rel=0.1)  # 10 steps per 100 ms: 0.1 GB/s, not 0.5
+
+
+def test_a_link_window_is_sized_once_and_reused_by_the_next_rounds(monkeypatch):
+    """Both sides of a link must run the same number of steps: the first round sizes the window from the
+    fastest of three timed steps, later rounds reuse it (no warm-up, no sizing: a slow link's steps are
+    the probe's most expensive)."""
     from clusters.probes import allreduce
 
     clock = [0.0]
@@ -142,7 +162,9 @@ def test_a_window_is_sized_from_the_fastest_step_so_a_throttled_host_cannot_hide
 
     monkeypatch.setattr(allreduce.time, "perf_counter", lambda: clock[0])
 
-    rate = allreduce._best_rate(step, 1_000_000, window_s=0.2, rounds=1)
+    rate, count = allreduce._best_rate(step, 1_000_000, window_s=0.2, rounds=1)
 
-    assert len(calls) == 1 + 3 + 100  # warm-up, three calibration steps, a window of 0.2 s / 2 ms
+    assert len(calls) == 1 + 3 + 100 and count == 100  # warm-up, three sizing steps, 0.2 s / 2 ms
     assert rate == pytest.approx(1_000_000 * 100 / 0.2 / 1e9)
+    calls.clear()
+    assert allreduce._best_rate(step, 1_000_000, 0.2, 1, count=count)[1] == 100 and len(calls) == 100
