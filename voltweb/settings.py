@@ -283,10 +283,12 @@ VOLT_RAY_HEALTH_CHECK_PERIOD_MS = env_int("VOLT_RAY_HEALTH_CHECK_PERIOD_MS", 100
 VOLT_PROBE_MAX_MB = env_int("VOLT_PROBE_MAX_MB", 256, minimum=1)
 VOLT_PROBE_ITERS = env_int("VOLT_PROBE_ITERS", 10, minimum=1)
 VOLT_PROBE_TIMEOUT_S = env_float("VOLT_PROBE_TIMEOUT_S", 600.0, minimum=10.0, maximum=7200.0)
-# A cluster whose measured busbw is below this share of the prediction is flagged.
 # Placement across candidate domains: plans priced at most this fraction above the cheapest count as equal
-# and the tightest fit wins (keeps large blocks whole: bench/churn.py). 0 = strict price order.
+# and the tightest fit wins. 0 = strict price order, the default: bench/churn.py found no utilisation gain
+# from a band over seeds (docs/benchmarks.md "A day of churn"). A one-node request naming no topology level
+# has one candidate domain (all hosts), so the band never changes it.
 VOLT_PLACEMENT_PRICE_BAND = env_float("VOLT_PLACEMENT_PRICE_BAND", 0.0, minimum=0.0, maximum=1.0)
+# A cluster whose measured busbw is below this share of the prediction is flagged.
 VOLT_PROBE_MIN_FRACTION = env_float("VOLT_PROBE_MIN_FRACTION", 0.5, minimum=0.0, maximum=1.0)
 # A flagged cluster whose probe names one host as the slowest (a figure below this share of the other
 # hosts' median) gets that host replaced before READY, up to this many times per cluster (0: never).
