@@ -23,8 +23,6 @@ from clusters import metrics, provision, ray_head
 from clusters.choices import WATCHED, ClusterStatus, MetricSource
 from clusters.models import Cluster, ClusterEvent
 from clusters.probes import allreduce
-from clusters.probes.launch import ProbeRun
-from inventory.drivers.base import DriverError
 from voltweb import realtime
 from voltweb.taskutils import enqueue_on_commit
 
@@ -111,10 +109,7 @@ def _probe(cluster: Cluster) -> dict | None:
     if len(nodes) < 2:
         _finish(cluster, None, "probe skipped: a single node has no inter-node all-reduce to measure")
         return None
-    try:
-        probe = provision.run_probe(cluster, nodes)  # light: its time budget
-    except DriverError as exc:
-        probe = ProbeRun("ERROR", str(exc), None)
+    probe = provision.run_probe(cluster, nodes)  # light: its time budget
     result = probe.result
     if result is None:
         tail = " ".join(probe.output.strip().splitlines()[-2:])[:300]

@@ -413,7 +413,8 @@ def run_probe(cluster: Cluster, nodes: list[ClusterNode]) -> launch.ProbeRun:
 
     One rank per node, started through the host's driver as the node's own processes start (its user,
     environment and marker: teardown stops a leftover rank with the node), rank 0 on the head's host
-    serving the rendezvous on its slot's probe port. One probe of a cluster at a time (`probe_lock`)."""
+    serving the rendezvous on its slot's probe port. The caller holds `probe_lock_key` (one probe of a
+    cluster at a time: the port fits one). A host that cannot be reached answers an ERROR run."""
     plan = allreduce.budget_plan(
         cluster.predicted_busbw_gbps,
         settings.VOLT_PROBE_BUDGET_S,
@@ -423,8 +424,9 @@ def run_probe(cluster: Cluster, nodes: list[ClusterNode]) -> launch.ProbeRun:
         settings.VOLT_PROBE_MAX_MB * allreduce.MB,
     )
     ordered = sorted(nodes, key=lambda node: (not node.is_head, node.host.address))
-    drivers = [inventory.driver_for(node.host) for node in ordered]
+    drivers = []
     try:
+        drivers = [inventory.driver_for(node.host) for node in ordered]
         hosts = [_probe_host(cluster, node, driver) for node, driver in zip(ordered, drivers, strict=True)]
         return launch.run_probe(
             hosts,
@@ -436,6 +438,8 @@ def run_probe(cluster: Cluster, nodes: list[ClusterNode]) -> launch.ProbeRun:
             timeout_s=settings.VOLT_PROBE_TIMEOUT_S,
             hosts_below_gbps=_hosts_phase_threshold(cluster, ordered),
         )
+    except DriverError as exc:  # a host that cannot even be reached to start its rank
+        return launch.ProbeRun("ERROR", str(exc), None)
     finally:
         for driver in drivers:
             driver.close()
@@ -539,8 +543,6 @@ def _probe_waiting_for_others(cluster: Cluster, nodes: list[ClusterNode]) -> lau
         time.sleep(0.2)
     try:
         return run_probe(cluster, nodes)
-    except DriverError as exc:
-        return launch.ProbeRun("ERROR", str(exc), None)
     finally:
         cache.delete(key)
 

@@ -68,3 +68,28 @@ def test_a_probe_that_prints_no_result_fails_verification(verifying, probe_hosts
     assert "all-reduce probe failed: rank 0 on " in cluster.failure_message
     assert "exited 1: Traceback\nboom" in cluster.failure_message
     assert not cluster.allocations.filter(active=True).exists()
+
+
+def test_a_host_that_cannot_be_reached_fails_verification_with_why(verifying, probe_hosts, monkeypatch):
+    from inventory import services as inventory
+    from inventory.drivers.base import HostUnreachable
+
+    class Unreachable:
+        def __init__(self, host):
+            self.address = host.address
+
+        def run(self, command, timeout=None):
+            raise HostUnreachable(f"{self.address} is not answering")
+
+        def close(self):
+            pass
+
+    probe_hosts.answer("")  # the nodes get their slots, as bring-up leaves them
+    monkeypatch.setattr(inventory, "driver_for", Unreachable)
+
+    cluster = provision.verify(verifying)
+
+    assert cluster.status == "failed" and cluster.failure_reason == "verification_failed"
+    assert "all-reduce probe error: rank 0 on " in cluster.failure_message
+    assert "is not answering" in cluster.failure_message
+    assert not cluster.allocations.filter(active=True).exists()

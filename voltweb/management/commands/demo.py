@@ -87,20 +87,8 @@ class Command(BaseCommand):
                 f"demo-{os.getpid()}@%h",
             ],
             "jobs-worker": [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "voltweb",
-                "worker",
-                "-Q",
-                "jobs",
-                "-c",
-                "2",
-                "--loglevel",
-                "INFO",
-                "-n",
-                f"demo-jobs-{os.getpid()}@%h",
+                python, "-m", "celery", "-A", "voltweb", "worker", "-Q", "jobs", "-c", "2",
+                "--loglevel", "INFO", "-n", f"demo-jobs-{os.getpid()}@%h",
             ],  # fmt: skip
             "beat": [
                 python,
