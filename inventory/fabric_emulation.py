@@ -18,9 +18,11 @@ root HTB qdisc (`1:`, unclassified traffic goes straight through); each install 
 its filters sit at their own priority (100 + slot). Removing an install deletes exactly those; the
 root qdisc goes with the last install. Filters are tried by priority, so two installs that shape the
 same address pair would let the lower slot's class take every packet: a fault the other one injects
-would never act. `apply` therefore clears the slots of dead installs (their state folder gone or no
-longer naming that slot: a test stack's temporary folder, a crashed demo) that shape any of its
-addresses, and refuses, naming the other install, when a live one does. The slot is recorded in `<VOLT_DATA_DIR>/fabric.json`, with
+would never act. `apply` therefore clears the slots of dead installs that shape any of its addresses, and
+refuses, naming the other install, when a live one does. An install is live while one of its processes
+runs: each process that shapes holds a shared flock on `<VOLT_DATA_DIR>/fabric.live` (the kernel lets go
+when it ends, however it ends); a folder left behind (pytest keeps its last runs' temporary folders, a
+demo killed with SIGKILL) no longer keeps its links alive. The slot is recorded in `<VOLT_DATA_DIR>/fabric.json`, with
 every class, so the link-flapping process can find a host's classes without Django.
 
 Pure helpers (rates) come first; `apply`, `remove` and `flap` touch the machine.
@@ -54,6 +56,7 @@ DOWN_RATE_BYTES = 125  # a flapping link's "down" half: 1 kbit/s, connections su
 LOCK_FILE = Path("/tmp/volt-fabric-lo.lock")
 OWNERS_DIR = Path("/tmp/volt-fabric-slots")  # <slot>: the state folder of the install that holds it
 STATE_NAME = "fabric.json"
+LIVE_NAME = "fabric.live"  # an install's processes hold a shared flock on it while they run
 SHIM_SOURCE = Path(__file__).resolve().parent / "drivers" / "bindsrc.c"
 SHIM_CACHE = Path("/tmp/volt-lib")
 _CAP_NET_ADMIN = 12
@@ -327,10 +330,12 @@ def apply(
                 _set_owner(old.slot, None)
                 _drop_root_if_unused()
             _write_state(state_dir, None)
+            _let_go(state_dir)
             return None
         _ensure_root()
         _clear_foreign(state_dir, {end.address for end in ends}, old.slot if old is not None else None)
         if old is not None and _unchanged(old, ends, scale):
+            _hold(state_dir)
             return old  # the health sweep re-syncs every few minutes: leave flowing traffic alone
         if old is not None:
             _remove_slot(old)
@@ -354,6 +359,7 @@ def apply(
             _write_state(state_dir, None)
             raise
         _write_state(state_dir, state)
+        _hold(state_dir)
         _set_owner(state.slot, state_dir)
         return state
 
@@ -367,14 +373,51 @@ def _set_owner(slot: int, state_dir: Path | None) -> None:
     path.write_text(str(Path(state_dir).resolve()))
 
 
+_HELD: dict[Path, object] = {}  # state folders this process keeps alive: the open file of each flock
+
+
+def _hold(state_dir: Path) -> None:
+    """Mark this process as one of the install's while it runs: a shared flock, released by the kernel
+    when the process ends however it ends (a crashed demo, a killed test stack, a test run that is over)."""
+    path = Path(state_dir).resolve() / LIVE_NAME
+    if path in _HELD:
+        return
+    handle = path.open("a")
+    fcntl.flock(handle, fcntl.LOCK_SH)
+    _HELD[path] = handle
+
+
+def _let_go(state_dir: Path) -> None:
+    handle = _HELD.pop(Path(state_dir).resolve() / LIVE_NAME, None)
+    if handle is not None:
+        handle.close()
+
+
+def _running(state_dir: Path) -> bool:
+    """Whether a process of the install at `state_dir` is still running (holds its flock)."""
+    try:
+        handle = (Path(state_dir) / LIVE_NAME).open("r")
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True  # held, if only by this process under another open file
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
 def _owner_alive(slot: int) -> Path | None:
-    """The state folder of the live install that holds `slot`, or None when that install is gone."""
+    """The state folder of the live install that holds `slot`, or None when that install is gone: its
+    state no longer names the slot (its folder deleted, its links removed), or none of its processes runs
+    (a folder left behind: pytest keeps its last runs' temporary folders, a demo killed with SIGKILL)."""
     try:
         owner = Path((OWNERS_DIR / str(slot)).read_text().strip())
     except OSError:
         return None
     state = read_state(owner)
-    return owner if state is not None and state.slot == slot else None
+    return owner if state is not None and state.slot == slot and _running(owner) else None
 
 
 def _hex_address(value: str) -> str:

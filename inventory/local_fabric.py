@@ -82,11 +82,13 @@ def _link_end(host: Host) -> fe.LinkEnd:
     )
 
 
-def sync() -> fe.InstallState | None:
+def sync(strict: bool = False) -> fe.InstallState | None:
     """Shape this install's local links as the database and fault files say now (idempotent).
 
     Called when a local host is onboarded, retired or fails, when a fault changes, and by the health
     sweep (fault files written by hand). With emulation off, removes whatever an earlier run shaped.
+    Shaping that fails is logged; `strict` raises fe.EmulationUnavailable instead (a link fault must not
+    be reported injected when it cannot act).
     """
     if not links_emulated():
         if fe.read_state(_state_dir()) is not None:
@@ -102,6 +104,8 @@ def sync() -> fe.InstallState | None:
     try:
         state = fe.apply(_state_dir(), [_link_end(h) for h in hosts], settings.VOLT_LOCAL_FABRIC_SCALE)
     except fe.EmulationUnavailable:
+        if strict:
+            raise
         logger.warning("shaping local links failed", exc_info=True)
         return None
     for host in hosts:
@@ -143,13 +147,19 @@ def _keep_flapping(host: Host) -> None:
 def inject_fault(host: Host, fault: str, value: str = "", actor=None) -> None:
     """Inject a fault into a local host (API, console, tests); link faults reshape its links at once.
 
-    ValueError (unknown fault, not a local host) or DriverError (a value that is not a percentage)."""
+    ValueError (unknown fault, not a local host, a link fault whose shaping fails: the fault is taken
+    back) or DriverError (a value that is not a percentage)."""
     if host.driver != DriverKind.LOCAL:
         raise ValueError("faults can be injected into local hosts only")
-    set_fault(_sandbox(host), fault, value)
+    sandbox = _sandbox(host)
+    set_fault(sandbox, fault, value)
+    if fault in LINK_FAULTS and links_emulated():
+        try:
+            sync(strict=True)
+        except fe.EmulationUnavailable as exc:
+            clear_fault(sandbox, fault)
+            raise ValueError(f"{fault} cannot act: shaping the links failed ({exc})") from None
     _record(host, f"fault injected: {fault}{f' ({value})' if value else ''}", actor)
-    if fault in LINK_FAULTS:
-        sync_after_commit()
 
 
 def clear_host_fault(host: Host, fault: str, actor=None) -> None:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -184,6 +185,39 @@ def test_a_dead_install_s_links_on_our_addresses_do_not_override_our_faults(emul
         fe.remove(dead_dir)
 
 
+def test_an_install_whose_processes_all_ended_does_not_hold_our_addresses(emulated, tmp_path):
+    """CI's browser drill measured the full rate under link_degraded:25 again: an earlier test process had
+    shaped the same addresses and ended, and its temporary folder (pytest keeps the last runs') still named
+    the slot, so that install passed for live, ours was refused and the fault never acted. An install is
+    live while one of its processes runs; this one's only process has exited."""
+    import sys
+    import textwrap
+
+    path = ("r", "1", "1", "1")
+    ends = [fe.LinkEnd(f"{SUBNET}.{n}", path, 400.0) for n in (34, 35)]
+    ended, ours = tmp_path / "ended", tmp_path / "ours"
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from inventory import fabric_emulation as fe
+        ends = [fe.LinkEnd(a, {path!r}, 400.0) for a in {[e.address for e in ends]!r}]
+        print(fe.apply(Path({str(ended)!r}), ends, {SCALE!r}).slot)
+    """)
+    repo = Path(fe.__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=repo)
+    assert run.returncode == 0, run.stderr
+    their_slot = int(run.stdout)
+    try:
+        assert fe.read_state(ended).slot == their_slot  # its folder and state are still there
+        mine = fe.apply(ours, [dataclasses.replace(ends[0], degraded_pct=25.0), ends[1]], SCALE)
+        addresses = {end.address for end in ends}
+        assert fe.slots_shaping(addresses) == {mine.slot: addresses}
+        rate, _ = measure_bytes_per_s(ends[1].address, ends[0].address, fe.shim_path())
+        assert rate == pytest.approx(BLOCK_GBPS * 1e9 / 4, rel=0.3)
+    finally:
+        fe.remove(ours)
+        fe.remove(ended)
+
+
 def test_a_live_install_on_our_addresses_is_refused_by_name(emulated, tmp_path):
     path = ("r", "1", "1", "1")
     ends = [fe.LinkEnd(f"{SUBNET}.{n}", path, 400.0) for n in (32, 33)]
@@ -194,6 +228,25 @@ def test_a_live_install_on_our_addresses_is_refused_by_name(emulated, tmp_path):
     finally:
         fe.remove(tmp_path / "second")
         fe.remove(tmp_path / "first")
+
+
+def test_a_link_fault_that_cannot_act_is_refused_with_why(emulated, add_host, tmp_path, client_for, priya):
+    """Another live install shapes our hosts' addresses, so ours cannot: the faults API used to answer 200
+    and list link_degraded while the links ran at full rate."""
+    ends = [fe.LinkEnd(f"{SUBNET}.{n}", ("r", "1", "1", "1"), 400.0) for n in (36, 37)]
+    fe.apply(tmp_path / "other", ends, SCALE)
+    try:
+        first = add_host("h0", "a1", 36)
+        add_host("h1", "a1", 37)
+        response = client_for(priya).post(
+            f"/api/v1/hosts/{first.pk}/faults/", {"fault": "link_degraded", "value": "25"}, format="json"
+        )
+        assert response.status_code == 400, response.content
+        message = response.json()["error"]["message"]
+        assert "link_degraded cannot act" in message and "shaped by another Volt install" in message
+        assert inventory.active_faults(first) == {}  # taken back, not left to act later
+    finally:
+        fe.remove(tmp_path / "other")
 
 
 def test_link_flapping_goes_down_and_up_and_stops_when_cleared(emulated, add_host, committed):
