@@ -128,6 +128,7 @@ class LiveStack:
     worker_name: str
     logs: dict[str, Path]
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)  # what the servers run with that `orm` calls need too
 
     def pause_queue(self, queue: str) -> None:
         """Stop the worker taking tasks from `queue` (they wait in Redis) until resume_queue."""
@@ -245,6 +246,11 @@ def live_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
     port = _free_port()
     worker_name = f"volt-browser-{os.getpid()}@{socket.gethostname()}"
     stack = LiveStack(f"http://127.0.0.1:{port}", data_dir, redis_url, worker_name, logs={})
+    stack.settings = {
+        "VOLT_DATA_DIR": data_dir,
+        "VOLT_LOCAL_FABRIC_EMULATION": settings.VOLT_LOCAL_FABRIC_EMULATION,
+        "VOLT_AUTO_RECOVER": False,
+    }
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "voltweb.settings",
@@ -283,8 +289,24 @@ def live_stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         yield stack
     finally:
         _stop(stack.processes)
+        leftovers = _kill_leftovers(data_dir)
         _unshape(data_dir)
         settings.VOLT_DATA_DIR = saved_data_dir
+    assert not leftovers, f"the browser tests left processes of the stack's clusters running: {leftovers}"
+
+
+def _kill_leftovers(data_dir: Path) -> dict[int, str]:
+    """Kill what still runs of the stack once its servers are stopped (Ray nodes of a cluster a test did
+    not terminate, a probe rank) and say what it was: the tests end every cluster they start."""
+    from tests.integration.test_demo import processes_of
+
+    left = processes_of(data_dir)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 def _unshape(data_dir: Path) -> None:
@@ -314,13 +336,18 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="session")
 def orm(live_stack, django_db_blocker) -> Callable:
-    """`orm(fn, *args)` runs fn in a helper thread with database access and returns its result."""
+    """`orm(fn, *args)` runs fn in a helper thread with database access and the stack's settings, and
+    returns its result."""
     from django.db import connection
+    from django.test import override_settings
 
     def call(fn: Callable, *args, **kwargs):
         def run():
             try:
-                return fn(*args, **kwargs)
+                # The stack's data dir (host sandboxes, the install's Ray marker), not the test's own
+                # folder: a cluster terminated from here must find its Ray nodes to stop them.
+                with override_settings(**live_stack.settings):
+                    return fn(*args, **kwargs)
             finally:
                 connection.close()
 
