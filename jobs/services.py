@@ -233,6 +233,13 @@ def prepare_working_dir(job: Job, source: Path | None) -> Path:
     return dest
 
 
+def prune_working_dir(job_id: int) -> None:
+    """Remove a job's copy of its working dir once nothing can submit it again: the job succeeded or was
+    stopped, or its cluster ended (a failed job on a live cluster may still be resumed by recovery).
+    Ray keeps what it was given at submission; this copy only served resubmissions."""
+    shutil.rmtree(workdirs_root() / str(int(job_id)), ignore_errors=True)
+
+
 def unpack_upload(upload, *, max_bytes: int | None = None) -> Path:
     """Unpack an uploaded .zip / .tar.gz / .tgz / .tar working dir into a new folder; JobInputError if it is
     too large (compressed or unpacked), of another kind, damaged, or holds paths outside itself."""
@@ -827,6 +834,9 @@ def cluster_status_changed(cluster: Cluster, previous: str, target: str, reason:
                 "status_reason": why[:2000], **({} if to == S.INTERRUPTED else {"finished_at": timezone.now()})})  # fmt: skip
         except IllegalTransition:
             continue  # it ended meanwhile
+    if target in (ClusterStatus.FAILED, ClusterStatus.TERMINATED):
+        ended = list(Job.objects.filter(cluster=cluster).values_list("pk", flat=True))
+        transaction.on_commit(lambda: [prune_working_dir(pk) for pk in ended])
 
 
 # --- recovery (issue 14) -----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ JOB_TRANSITIONS: dict[str, dict[str, str]] = {
     S.FAILED: {S.INTERRUPTED: "it failed when its cluster lost a node; recovery resumes it"},
     S.STOPPED: {},
 }
+FINAL = {status for status, moves in JOB_TRANSITIONS.items() if not moves}  # succeeded, stopped
 
 
 def transition(job: Job, to: str, reason: str = "", extra: dict | None = None) -> Job:
@@ -47,11 +48,13 @@ def transition(job: Job, to: str, reason: str = "", extra: dict | None = None) -
         )
 
     def announce() -> None:
-        from jobs.services import job_payload
+        from jobs.services import job_payload, prune_working_dir
 
         realtime.broadcast(
             f"cluster-{job.cluster_id}", {"kind": "job", "job": job_payload(job), "reason": reason}
         )
+        if to in FINAL:
+            prune_working_dir(job.pk)  # nothing submits a succeeded or stopped job again
 
     return statemachine.apply(job, to, JOB_TRANSITIONS, field="status", extra=extra, record=record,
                               after_commit=announce)  # fmt: skip

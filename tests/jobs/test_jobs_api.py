@@ -16,7 +16,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from clusters import transitions as cluster_transitions
 from clusters.models import Cluster, MetricSample
-from jobs import services
+from jobs import services, transitions
 from jobs.choices import JobStatus
 from jobs.models import Job, JobLogChunk
 
@@ -246,3 +246,30 @@ def test_store_log_keeps_whole_lines_until_the_job_ends(alice, ready_cluster):
     services.store_log(job, "a\nb\npartial line\nc\n", final=False)
     services.store_log(job, "a\nb\npartial line\nc\ntail", final=True)
     assert services.read_log(job)["text"] == "a\nb\npartial line\nc\ntail"
+
+
+def test_a_working_dir_copy_goes_when_nothing_can_submit_the_job_again(
+    alice, ready_cluster, django_capture_on_commit_callbacks
+):
+    """Every submission copied its working dir under VOLT_DATA_DIR/job-workdirs for good: a machine running
+    jobs all day filled its disk. The copy serves resubmissions only (recovery), so it goes when the job
+    succeeds or is stopped, and a failed or interrupted job keeps it until its cluster ends."""
+    folder = lambda job: services.workdirs_root() / str(job.pk)  # noqa: E731
+    succeeded, stopped, failed, interrupted = (
+        services.submit_job(ready_cluster, alice, "python t.py") for _ in range(4)
+    )
+    assert all(folder(job).is_dir() for job in (succeeded, stopped, failed, interrupted))
+    Job.objects.filter(pk__in=[succeeded.pk, failed.pk, interrupted.pk]).update(status="running")
+    with django_capture_on_commit_callbacks(execute=True):
+        transitions.transition(Job.objects.get(pk=succeeded.pk), JobStatus.SUCCEEDED)
+        transitions.transition(Job.objects.get(pk=failed.pk), JobStatus.FAILED)
+        transitions.transition(Job.objects.get(pk=interrupted.pk), JobStatus.INTERRUPTED)
+        transitions.transition(Job.objects.get(pk=stopped.pk), JobStatus.STOPPED)
+    assert not folder(succeeded).exists() and not folder(stopped).exists()
+    assert folder(failed).is_dir() and folder(interrupted).is_dir()  # recovery may submit them again
+
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster_transitions.transition(ready_cluster, "terminating", "terminate requested")
+        cluster_transitions.transition(Cluster.objects.get(pk=ready_cluster.pk), "terminated", "torn down")
+    assert not folder(failed).exists() and not folder(interrupted).exists()
+    assert Job.objects.get(pk=interrupted.pk).status == JobStatus.STOPPED
