@@ -647,11 +647,19 @@ def scan_storage(job: Job) -> list[dict]:
     folder = checkpoint_dir(job).replace("${HOME}", "$HOME")
     with inventory.driver_for(nodes[0].host) as driver:
         driver.copy_file(WORKLOADS_DIR / CKPT_MODULE, f"{workdir}/{CKPT_MODULE}")
-        command = f'cd ~/{workdir} && [ -d "{folder}" ] && {shlex.quote(settings.VOLT_HOST_PYTHON)} {CKPT_MODULE} scan "{folder}" || echo "[]"'
+        # No folder yet: no checkpoints. A scan that fails (no Python, the module missing) is an error, not
+        # "no checkpoints": recovery would resume from scratch without a word.
+        command = f'if [ -d "{folder}" ]; then cd ~/{workdir} && {shlex.quote(settings.VOLT_HOST_PYTHON)} {CKPT_MODULE} scan "{folder}"; else echo "[]"; fi'
         result = driver.run(command, timeout=60)
     if not result.ok:
         raise DriverError(f"checkpoint scan failed on {nodes[0].host.name}: {result.stderr.strip()[:300]}")
-    return json.loads(result.stdout.strip().splitlines()[-1] or "[]")
+    # The scan prints indented JSON (a list: its first line is "[" at the margin), perhaps after whatever
+    # the user's shell rc files print.
+    lines = result.stdout.splitlines()
+    starts = [number for number, line in enumerate(lines) if line.startswith("[")]
+    if not starts:
+        raise ValueError(f"checkpoint scan on {nodes[0].host.name} printed no list: {result.stdout[-300:]!r}")
+    return json.loads("\n".join(lines[starts[-1] :]))
 
 
 def rescan_checkpoints(job: Job) -> list[Checkpoint]:

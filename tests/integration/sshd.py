@@ -115,7 +115,9 @@ def _config(workdir: Path, port: int, username: str, env: dict[str, str], listen
         # Tests open many connections at once (fan_out); the defaults start dropping at 10.
         "MaxStartups 100",
         "MaxSessions 100",
-        "Subsystem sftp internal-sftp",
+        # A session's HOME may be a sandbox (SetEnv); file copies with relative paths must land there
+        # too, as on a real host where both are the user's home (else they went to /root).
+        "Subsystem sftp internal-sftp" + (f" -d {env['HOME']}" if env and env.get("HOME") else ""),
     ]
     if env:  # sshd keeps only the first SetEnv line: all variables go on one
         lines.append("SetEnv " + " ".join(_setenv_word(name, value) for name, value in env.items()))

@@ -89,3 +89,44 @@ def test_two_node_cluster_over_ssh_reaches_ready_and_tears_down(alice, ssh_hosts
         assert public_key not in (sandbox / "home/.ssh/authorized_keys").read_text()
     assert not Allocation.objects.filter(active=True).exists()
     assert all(h.free_gpus == 2 for h in Host.objects.all())
+
+
+def test_checkpoints_on_an_ssh_head_are_scanned_through_its_driver(alice, team_a, ssh_hosts):
+    """On ssh hosts the checkpoint dir lives under the cluster's workdir on the head (${HOME} expanded by
+    Ray), and Volt reads it by running volt_ckpt.py scan there: what recovery resumes from. A complete
+    checkpoint is synchronized; one missing a rank's shard is not, with why."""
+    from clusters.models import ClusterNode
+    from jobs import services as jobs
+    from jobs.models import Job
+    from jobs.workloads import volt_ckpt
+
+    head, sandbox = ssh_hosts[0]
+    cluster = Cluster.objects.create(
+        team=team_a, created_by=alice, name="ckpt-over-ssh", status="ready",
+        spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]},
+    )  # fmt: skip
+    workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
+    cluster.storage_path = f"~/{workdir}/storage"  # as provisioning records it
+    cluster.save(update_fields=["storage_path"])
+    ClusterNode.objects.create(cluster=cluster, host=head, rank=0, is_head=True, gpu_indices=[0], slot=7)
+    job = Job.objects.create(cluster=cluster, team=team_a, created_by=alice, entrypoint="python train.py")
+
+    home = sandbox / "home"
+    (home / workdir).mkdir(parents=True)  # what prepare_host leaves on the head
+    folder = Path(jobs.checkpoint_dir(job).replace("${HOME}", str(home)))
+    for step in (10, 20):  # two ranks in one process: rank 1 writes first, rank 0 gathers its entry
+        other = [None]
+        volt_ckpt.save(folder, step, {"w": [1, step]}, rank=1, world_size=2,
+                       gather=lambda mine, seen=other: seen.__setitem__(0, mine) or [mine])  # fmt: skip
+        volt_ckpt.save(folder, step, {"w": [0, step]}, rank=0, world_size=2,
+                       gather=lambda mine, seen=other: [mine, seen[0]])  # fmt: skip
+    (folder / volt_ckpt.step_dir_name(20) / volt_ckpt.shard_file_name(1, 2)).unlink()  # rank 1's died with it
+
+    rows = {row.step: row for row in jobs.rescan_checkpoints(job)}
+
+    assert sorted(rows) == [10, 20]
+    assert rows[10].synchronized and rows[10].world_size == 2 and rows[10].size_bytes > 0
+    assert rows[10].path == str(folder / volt_ckpt.step_dir_name(10))  # the head's own path
+    assert not rows[20].synchronized and "missing" in rows[20].reason
+    assert jobs.latest_synchronized_checkpoint(job).step == 10
+    assert (home / workdir / "volt_ckpt.py").exists()  # shipped to the head through the driver
