@@ -844,7 +844,13 @@ def cluster_status_changed(cluster: Cluster, previous: str, target: str, reason:
             continue  # it ended meanwhile
     if target in (ClusterStatus.FAILED, ClusterStatus.TERMINATED):
         ended = list(Job.objects.filter(cluster=cluster).values_list("pk", flat=True))
-        transaction.on_commit(lambda: [prune_working_dir(pk) for pk in ended])
+        transaction.on_commit(lambda: _prune_working_dirs(ended))
+
+
+def _prune_working_dirs(job_ids: list[int]) -> None:
+    """The working dir copies of a cluster's jobs, once it is gone (nothing can submit them again)."""
+    for job_id in job_ids:
+        prune_working_dir(job_id)
 
 
 # --- recovery (issue 14) -----------------------------------------------------------------------------
