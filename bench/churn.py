@@ -24,7 +24,8 @@ not fit is skipped so smaller ones behind it can start):
 Per policy: share of multi-node plans inside one block / one fabric, mean predicted busbw of
 multi-node plans (the engine's bandwidth model), GPU utilisation (busy GPU-hours / GPU-hours of hosts
 up, over the day), mean and p95 queue wait (a request still queued at the end counts with the wait so
-far), and GPUs stranded: free but on hosts that cannot give a node of the median request's GPUs per
+far), what users pay (US dollars per busy GPU-hour, the plans' prices over the time they run), and GPUs
+stranded: free but on hosts that cannot give a node of the median request's GPUs per
 node (time average). Also, to say where utilisation is lost: hosts left partly used (and how many of
 them hold a multi-node job), free GPUs on whole free hosts and on partly used hosts (time averages),
 and busy GPU-hours so far at a few hours of the day (the policies part during the fill, hours 4-9).
@@ -231,6 +232,7 @@ class Cluster:
         self.down: set[str] = set()
         self.index = Inventory(hosts) if policy == "volt" else None
         self.busy = 0
+        self.spend = 0.0  # US dollars per hour of the plans running
         self.total = sum(h.total_gpus for h in hosts)
         self.node_size: dict[str, Counter] = {}  # model -> largest node a host can give -> hosts
         for host in hosts:
@@ -270,6 +272,7 @@ class Cluster:
             self._set(host, tuple(tuple(i for i in d if i not in taken) for d in host.free_gpus))
             job.hosts.append((node.host_id, node.gpu_indices))
             self.busy += len(taken)
+        self.spend += job.plan.price_per_hour
 
     def release(self, job: Job) -> None:
         for host_id, indices in job.hosts:
@@ -277,6 +280,8 @@ class Cluster:
             free = {i for d in host.free_gpus for i in d} | set(indices)
             self._set(host, _domains(host, free))
             self.busy -= len(indices)
+        if job.hosts:
+            self.spend -= job.plan.price_per_hour
         job.hosts = []
 
     def set_down(self, host_id: str, down: bool) -> None:
@@ -345,7 +350,7 @@ def simulate(
         heapq.heappush(events, (t, 2, "sample", 0))
     queue: list[Job] = []
     running_on: dict[str, set[int]] = {}
-    busy_area = up_area = 0.0
+    busy_area = up_area = spend_area = 0.0
     stranded: list[int] = []
     partial: list[tuple[int, int]] = []  # per sample: (partly used hosts, of them holding a multi-node job)
     split: list[tuple[int, int]] = []  # per sample: (free GPUs on whole free hosts, on partly used hosts)
@@ -359,6 +364,7 @@ def simulate(
             break
         busy_area += state.busy * (now - last)
         up_area += state.total * (now - last)
+        spend_area += state.spend * (now - last)
         last = now
         if kind == "arrive":
             job = jobs[number]
@@ -389,6 +395,7 @@ def simulate(
         _drain(state, queue, now, events, running_on)
     busy_area += state.busy * (horizon - last)
     up_area += state.total * (horizon - last)
+    spend_area += state.spend * (horizon - last)
     figures = _figures(
         policy, jobs, queue, busy_area, up_area, stranded, horizon, time.perf_counter() - started
     )
@@ -398,6 +405,7 @@ def simulate(
     )
     checkpoints[int(hours)] = round(busy_area / 3600)
     figures["busy_gpu_hours_by_hour"] = checkpoints
+    figures["mean_price_per_gpu_hour"] = round(spend_area / busy_area, 4) if busy_area else None
     samples = max(1, len(split))
     figures["whole_free_gpus"] = round(sum(w for w, _ in split) / samples, 1)
     figures["partial_free_gpus"] = round(sum(p for _, p in split) / samples, 1)
@@ -485,7 +493,14 @@ def main() -> None:
         )
         print(f"  {policy}: done in {results[policy]['sim_seconds']} s", flush=True)
     columns = ["policy", "started", "still_queued", "multi_node_plans", "in_block_share", "in_fabric_share"]
-    columns += ["mean_busbw_gbps", "utilisation", "mean_wait_s", "p95_wait_s", "stranded_gpus"]
+    columns += [
+        "mean_busbw_gbps",
+        "utilisation",
+        "mean_price_per_gpu_hour",
+        "mean_wait_s",
+        "p95_wait_s",
+        "stranded_gpus",
+    ]
     columns += ["partly_used_hosts", "partly_used_by_multi_node", "whole_free_gpus", "partial_free_gpus"]
     print_table(list(results.values()), columns)
     summary = {
