@@ -122,6 +122,13 @@ def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, scr
         page = login("alice")
         page.goto(f"/clusters/{cluster_id}/")
         expect(page.locator("#live-connection")).to_have_text("live", timeout=15_000)
+        # The Ray token (64 hex characters) wraps inside its own cell of the "Ready - connect" card at
+        # desktop width (it once ran past the cell and the card: wrapping was set for phones only).
+        spill = page.evaluate(
+            """() => { const token = document.querySelector('#cluster-ray-token');
+                       return token.getBoundingClientRect().right - token.parentElement.getBoundingClientRect().right; }"""
+        )
+        assert spill <= 0.5, f"the Ray token runs {spill:.0f} px past its cell"
         page.evaluate("window.__notReloaded = true")
         expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "1")  # verification's probe
 
