@@ -1,6 +1,6 @@
 """A day of churn: placement judged over time, where fragmentation decides whether tomorrow's job fits.
 
-    .venv/bin/python bench/churn.py [--hosts 10000] [--hours 24] [--load 0.95] [--seed 11]
+    .venv/bin/python bench/churn.py [--hosts 10000] [--hours 24] [--load 0.95] [--seed 11] [--comm-share 0]
 
 Inventory (in memory): `--hosts` hosts of several providers over regions -> sites -> fabrics (NDR, HDR,
 RoCE, Ethernet) -> blocks of 16-32 hosts. H100, H200 and A100 hosts have 8 GPUs in one NVLink domain;
@@ -23,7 +23,9 @@ not fit is skipped so smaller ones behind it can start):
 
 Per policy: share of multi-node plans inside one block / one fabric, mean predicted busbw of
 multi-node plans (the engine's bandwidth model), GPU utilisation (busy GPU-hours / GPU-hours of hosts
-up, over the day), mean and p95 queue wait (a request still queued at the end counts with the wait so
+up, over the day; busy means allocated), useful utilisation (the same with each busy GPU counted at its
+job's speed: with `--comm-share c` a collective job runs slower on a plan slower than its rack, see
+`Slowdown`; with the default 0 run time ignores placement and the two figures are equal), mean and p95 queue wait (a request still queued at the end counts with the wait so
 far), what users pay (US dollars per busy GPU-hour, the plans' prices over the time they run), and GPUs
 stranded: free but on hosts that cannot give a node of the median request's GPUs per
 node (time average). Also, to say where utilisation is lost: hosts left partly used (and how many of
@@ -55,7 +57,9 @@ from clusters.placement import (  # noqa: E402
     PlacementRequest,
     Plan,
     TopologyPath,
+    allreduce_seconds,
     best_fit,
+    cluster_busbw_gbps,
     first_fit,
     plan,
 )
@@ -165,6 +169,7 @@ class Job:
     plan: Plan | None = None  # the running plan
     first_plan: Plan | None = None  # the plan it first started on (what the shares count)
     end_s: float = math.inf
+    slowdown: float = 1.0  # time on its plan / time at rack speed, for the same work (`Slowdown`)
     hosts: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
 
 
@@ -218,6 +223,44 @@ def failures(hosts: list[HostSnapshot], hours: float, seed: int) -> list[tuple[f
     return out
 
 
+class Slowdown:
+    """How much longer a collective job runs on its plan than at rack speed, for the same work.
+
+    A training step is compute plus the all-reduce it cannot hide. At rack speed (its nodes in one block
+    of NDR InfiniBand, the best the inventory offers) the all-reduce is `comm_share` of the step; on a
+    plan it takes the plan's predicted all-reduce time (the engine's bandwidth model, the request's
+    reference gradient), so a plan at a tenth of rack speed turns a 10% share into a 1.9x longer run.
+    The trace's durations are run times at rack speed. One-node jobs, independent tasks and inference
+    replicas do no all-reduce: 1.0. `comm_share` 0 (the default): placement never changes run time.
+    """
+
+    def __init__(self, hosts: list[HostSnapshot], comm_share: float):
+        if not 0.0 <= comm_share < 1.0:
+            raise SystemExit(f"--comm-share must be in [0, 1) ({comm_share} given)")
+        self.comm_share = comm_share
+        self.template = next((h for h in hosts if h.fabric_kind == "ib_ndr"), None)
+        self._rack_s: dict[tuple[int, int], float] = {}
+
+    def rack_seconds(self, request: PlacementRequest) -> float:
+        """The all-reduce of `request`'s nodes in one block of NDR hosts (the reference)."""
+        key = (request.nodes, request.reference_gradient_bytes)
+        if key not in self._rack_s:
+            block = [replace(self.template, host_id=f"rack-{i}") for i in range(request.nodes)]
+            busbw = cluster_busbw_gbps(block)
+            self._rack_s[key] = allreduce_seconds(
+                request.reference_gradient_bytes, request.nodes, busbw, "block"
+            )
+        return self._rack_s[key]
+
+    def __call__(self, request: PlacementRequest, plan: Plan) -> float:
+        if not self.comm_share or not request.is_collective() or plan.predicted_allreduce_s is None:
+            return 1.0
+        if self.template is None:
+            raise SystemExit("--comm-share needs an NDR InfiniBand host in the inventory as the reference")
+        share = self.comm_share
+        return (1.0 - share) + share * plan.predicted_allreduce_s / self.rack_seconds(request)
+
+
 class Cluster:
     """The simulated inventory under one policy: free GPUs per host, hosts up, and for Volt one index
     kept current by Inventory.update (a down host is indexed with no free GPUs)."""
@@ -232,6 +275,7 @@ class Cluster:
         self.down: set[str] = set()
         self.index = Inventory(hosts) if policy == "volt" else None
         self.busy = 0
+        self.useful = 0.0  # GPUs' worth of progress: busy GPUs, each divided by its job's slowdown
         self.spend = 0.0  # US dollars per hour of the plans running
         self.total = sum(h.total_gpus for h in hosts)
         self.node_size: dict[str, Counter] = {}  # model -> largest node a host can give -> hosts
@@ -272,6 +316,7 @@ class Cluster:
             self._set(host, tuple(tuple(i for i in d if i not in taken) for d in host.free_gpus))
             job.hosts.append((node.host_id, node.gpu_indices))
             self.busy += len(taken)
+            self.useful += len(taken) / job.slowdown
         self.spend += job.plan.price_per_hour
 
     def release(self, job: Job) -> None:
@@ -280,6 +325,7 @@ class Cluster:
             free = {i for d in host.free_gpus for i in d} | set(indices)
             self._set(host, _domains(host, free))
             self.busy -= len(indices)
+            self.useful -= len(indices) / job.slowdown
         if job.hosts:
             self.spend -= job.plan.price_per_hour
         job.hosts = []
@@ -331,10 +377,18 @@ def _domains(host: HostSnapshot, free: set[int]) -> tuple[tuple[int, ...], ...]:
 
 
 def simulate(
-    hosts, trace, outages, policy: str, hours: float, median_gpus: int, price_band: float = 0.0
+    hosts,
+    trace,
+    outages,
+    policy: str,
+    hours: float,
+    median_gpus: int,
+    price_band: float = 0.0,
+    comm_share: float = 0.0,
 ) -> dict:
     """Replay the trace under `policy`; the figures the module docstring lists."""
     state = Cluster(hosts, policy, price_band)
+    slowdown = Slowdown(hosts, comm_share)
     jobs = [
         Job(n, at, duration, request, remaining_s=duration) for n, (at, duration, request) in enumerate(trace)
     ]
@@ -350,7 +404,7 @@ def simulate(
         heapq.heappush(events, (t, 2, "sample", 0))
     queue: list[Job] = []
     running_on: dict[str, set[int]] = {}
-    busy_area = up_area = spend_area = 0.0
+    busy_area = up_area = spend_area = useful_area = 0.0
     stranded: list[int] = []
     partial: list[tuple[int, int]] = []  # per sample: (partly used hosts, of them holding a multi-node job)
     split: list[tuple[int, int]] = []  # per sample: (free GPUs on whole free hosts, on partly used hosts)
@@ -365,6 +419,7 @@ def simulate(
         busy_area += state.busy * (now - last)
         up_area += state.total * (now - last)
         spend_area += state.spend * (now - last)
+        useful_area += state.useful * (now - last)
         last = now
         if kind == "arrive":
             job = jobs[number]
@@ -392,10 +447,11 @@ def simulate(
             if now % 3600 == 0 and int(now // 3600) in CHECKPOINT_HOURS:
                 checkpoints[int(now // 3600)] = round(busy_area / 3600)
             continue
-        _drain(state, queue, now, events, running_on)
+        _drain(state, queue, now, events, running_on, slowdown)
     busy_area += state.busy * (horizon - last)
     up_area += state.total * (horizon - last)
     spend_area += state.spend * (horizon - last)
+    useful_area += state.useful * (horizon - last)
     figures = _figures(
         policy, jobs, queue, busy_area, up_area, stranded, horizon, time.perf_counter() - started
     )
@@ -407,6 +463,9 @@ def simulate(
     figures["busy_gpu_hours_by_hour"] = checkpoints
     figures["mean_price_per_gpu_hour"] = round(spend_area / busy_area, 4) if busy_area else None
     samples = max(1, len(split))
+    figures["useful_utilisation"] = round(useful_area / up_area, 4)
+    collective = [job.slowdown for job in jobs if job.first_plan is not None and job.request.is_collective()]
+    figures["mean_slowdown_collective"] = round(sum(collective) / max(1, len(collective)), 3)
     figures["whole_free_gpus"] = round(sum(w for w, _ in split) / samples, 1)
     figures["partial_free_gpus"] = round(sum(p for _, p in split) / samples, 1)
     return figures
@@ -416,12 +475,12 @@ def _preempt(state: Cluster, job: Job, now: float, queue: list[Job], running_on)
     state.release(job)
     for node in job.plan.nodes:
         running_on.get(node.host_id, set()).discard(job.number)
-    job.remaining_s = max(0.0, job.end_s - now)
+    job.remaining_s = max(0.0, job.end_s - now) / job.slowdown  # the work left, at rack speed
     job.placed, job.end_s, job.queued_since_s = False, math.inf, now
     queue.append(job)
 
 
-def _drain(state: Cluster, queue: list[Job], now: float, events, running_on) -> None:
+def _drain(state: Cluster, queue: list[Job], now: float, events, running_on, slowdown: Slowdown) -> None:
     """Volt's queue: priority, then FIFO; a request that does not fit is skipped."""
     still: list[Job] = []
     for job in queue:
@@ -432,10 +491,11 @@ def _drain(state: Cluster, queue: list[Job], now: float, events, running_on) -> 
         job.wait_s += now - job.queued_since_s
         job.plan = result
         job.first_plan = job.first_plan or result
+        job.slowdown = slowdown(job.request, result)
         state.allocate(job)
         for node in result.nodes:
             running_on.setdefault(node.host_id, set()).add(job.number)
-        job.placed, job.end_s = True, now + job.remaining_s
+        job.placed, job.end_s = True, now + job.remaining_s * job.slowdown
         heapq.heappush(events, (job.end_s, 0, "end", job.number))
     queue[:] = still
 
@@ -475,6 +535,12 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--flat-prices", action="store_true", help="one price per model, every provider")
     parser.add_argument("--price-band", type=float, default=0.0, help="Volt's VOLT_PLACEMENT_PRICE_BAND")
+    parser.add_argument(
+        "--comm-share",
+        type=float,
+        default=0.0,
+        help="share of a collective job's step spent in all-reduce at rack speed (0: run time ignores placement)",
+    )
     args = parser.parse_args()
     hosts = generate_inventory(args.hosts, args.seed, args.flat_prices)
     trace = generate_trace(hosts, args.hours, args.load, args.seed)
@@ -489,13 +555,15 @@ def main() -> None:
     results = {}
     for policy in args.policies.split(","):
         results[policy] = simulate(
-            hosts, trace, outages, policy, args.hours, median.gpus_per_node, args.price_band
+            hosts, trace, outages, policy, args.hours, median.gpus_per_node, args.price_band, args.comm_share
         )
         print(f"  {policy}: done in {results[policy]['sim_seconds']} s", flush=True)
     columns = ["policy", "started", "still_queued", "multi_node_plans", "in_block_share", "in_fabric_share"]
     columns += [
         "mean_busbw_gbps",
         "utilisation",
+        "useful_utilisation",
+        "mean_slowdown_collective",
         "mean_price_per_gpu_hour",
         "mean_wait_s",
         "p95_wait_s",
@@ -515,6 +583,7 @@ def main() -> None:
         args.flat_prices,
         args.price_band,
     )
+    summary["comm_share"] = args.comm_share
     summary["policies"] = {p: {k: v for k, v in r.items() if k != "policy"} for p, r in results.items()}
     if "volt" in results:
         volt = results["volt"]
@@ -522,6 +591,9 @@ def main() -> None:
             other: {
                 "in_block_ratio": _ratio(volt["in_block_share"], results[other]["in_block_share"]),
                 "utilisation_ratio": _ratio(volt["utilisation"], results[other]["utilisation"]),
+                "useful_utilisation_ratio": _ratio(
+                    volt["useful_utilisation"], results[other]["useful_utilisation"]
+                ),
             }
             for other in results
             if other != "volt"
