@@ -34,6 +34,7 @@ from clusters.models import Allocation, BandwidthSample, Cluster
 from inventory import services as inventory
 from inventory.choices import HostState, ProviderStatus
 from inventory.models import Block, Fabric, Host, Site
+from voltweb import realtime
 from voltweb import services as accounts
 from voltweb.models import Team
 from voltweb.statemachine import IllegalTransition
@@ -535,8 +536,13 @@ def place_cluster(cluster_id: int) -> Cluster:
     if cluster.status not in (S.PENDING, S.QUEUED):
         return cluster
     try:
+        first = None
+        if cluster.status == S.QUEUED:
+            place_now, first = _plan_queued(cluster)
+            if not place_now:
+                return Cluster.objects.get(pk=cluster_id)
         transitions.transition(cluster, S.PLACING, "placement started")
-        return _place_placing(cluster)
+        return _place_placing(cluster, first)
     except IllegalTransition as exc:
         # Another worker got there first, or the cluster was terminated while it was being placed: the
         # row moved on, so this task's work is over (allocate() rolled back anything it wrote).
@@ -544,14 +550,41 @@ def place_cluster(cluster_id: int) -> Cluster:
         return Cluster.objects.get(pk=cluster_id)
 
 
-def _place_placing(cluster: Cluster) -> Cluster:
-    """Plan and allocate a PLACING cluster, or queue or fail it. IllegalTransition if it moved meanwhile."""
+def _plan_queued(cluster: Cluster) -> tuple[bool, placement.Plan | None]:
+    """A queued cluster tried again (the queue drains every 30 s and on every release): (whether to
+    place it now, the plan that fits if one was made).
+
+    Still waiting writes no timeline event and changes no status: it keeps the one "waiting for
+    capacity" event of when it was queued, and only a reason that changed is stored and announced. (A
+    retry used to go QUEUED -> PLACING -> QUEUED: two events and two status broadcasts each time.) A
+    spec that no longer validates goes the usual way, to FAILED with its problems.
+    """
+    try:
+        result = _plan(validate_spec(cluster.spec), cluster.team_id)
+    except InvalidSpec:
+        return True, None  # _place_placing fails it, naming the problems
+    if isinstance(result, placement.Plan):
+        return True, result
+    reason = "; ".join(result.reasons) or "no capacity"
+    if reason != cluster.queue_reason:
+        changed = Cluster.objects.filter(pk=cluster.pk, status=S.QUEUED).update(
+            queue_reason=reason, plan=plan_as_json(result), updated_at=timezone.now()
+        )
+        if changed:  # the page re-reads its reason on a status event
+            event = {"kind": "status", "status": S.QUEUED, "reason": reason}
+            transaction.on_commit(lambda: realtime.broadcast(f"cluster-{cluster.pk}", event))
+    return False, None
+
+
+def _place_placing(cluster: Cluster, first: placement.Plan | None = None) -> Cluster:
+    """Plan and allocate a PLACING cluster, or queue or fail it. IllegalTransition if it moved meanwhile.
+    `first`: a plan just made for it (a queued cluster's retry), allocated before planning again."""
     try:
         request = validate_spec(cluster.spec)
     except InvalidSpec as exc:
         return _fail(cluster, FailureReason.CONFIG_INVALID, "; ".join(exc.problems))
-    for _attempt in range(PLACEMENT_ATTEMPTS):
-        result = _plan(request, cluster.team_id)
+    for attempt in range(PLACEMENT_ATTEMPTS):
+        result = first if attempt == 0 and first is not None else _plan(request, cluster.team_id)
         if isinstance(result, placement.Refusal):
             return _enqueue(cluster, result)
         try:

@@ -200,3 +200,25 @@ def test_redelivered_placement_task_changes_nothing(alice, rack, client_for, com
     events = cluster.events.count()
     assert services.place_cluster(cluster.pk).status == "provisioning"
     assert cluster.events.count() == events and Allocation.objects.count() == 16
+
+
+def test_a_queued_cluster_retried_by_the_queue_keeps_a_quiet_timeline(alice, rack, client_for, committed):
+    """Each drain (every 30 s, and on every release) used to move a still-waiting cluster QUEUED ->
+    PLACING -> QUEUED: two timeline events and two status broadcasts per retry, thousands a day."""
+    client = client_for(alice)
+    first = request(client, committed, nodes=5)
+    waiting = request(client, committed, nodes=2, name="waiting")
+    events_url = f"/api/v1/clusters/{waiting.pk}/events/"
+    queued_timeline = [e["to_status"] for e in client.get(events_url).json()["results"]]
+    assert queued_timeline == ["pending", "placing", "queued"]
+
+    for _ in range(3):
+        assert services.drain_queue() == 0
+    data = client.get(f"/api/v1/clusters/{waiting.pk}/").json()
+    assert data["status"] == "queued" and data["queue_position"] == 1 and data["queue_reason"]
+    assert [e["to_status"] for e in client.get(events_url).json()["results"]] == queued_timeline
+
+    with committed():
+        client.post(f"/api/v1/clusters/{first.pk}/terminate/")  # frees 5 hosts; the release drains the queue
+    timeline = [e["to_status"] for e in client.get(events_url).json()["results"]]
+    assert timeline == ["pending", "placing", "queued", "placing", "provisioning"]
