@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import asdict, replace
 from decimal import Decimal
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 S = ClusterStatus
 PLACEMENT_ATTEMPTS = 5  # a racing request re-plans this often before it queues
+DRAIN_BUDGET_S = 60.0  # one queue drain tries clusters this long (drain_queue_task's soft limit: 110 s)
 MEASURED_MAX_AGE_DAYS = 7
 
 
@@ -759,16 +761,25 @@ def queue_position(cluster: Cluster) -> int | None:
     return ahead + 1
 
 
-def drain_queue(limit: int = 100) -> int:
-    """Try to place queued clusters in priority then FIFO order; returns how many were placed.
+def drain_queue(budget_s: float = DRAIN_BUDGET_S) -> int:
+    """Try every queued cluster in priority then FIFO order; returns how many were placed.
 
-    A cluster that still does not fit stays queued and the next one is tried (no reservation), so a
-    small request can start while a large one waits.
+    A cluster that still does not fit stays queued (quietly: _plan_queued) and the next one is tried (no
+    reservation), so a small request can start while large ones wait, however many wait ahead of it
+    (the first 100 only, before). Stops after `budget_s`; the next drain starts from the head again.
     """
-    placed = 0
-    for cluster_id in list(queued().values_list("id", flat=True)[:limit]):
+    deadline = time.monotonic() + budget_s
+    placed = tried = 0
+    ids = list(queued().values_list("id", flat=True))
+    for cluster_id in ids:
+        if time.monotonic() > deadline:
+            logger.warning(
+                "queue drain stopped after %.0f s: %d of %d queued clusters tried", budget_s, tried, len(ids)
+            )
+            break
         cluster = place_cluster(cluster_id)
         placed += cluster.status in HOLDS_GPUS
+        tried += 1
     return placed
 
 

@@ -222,3 +222,34 @@ def test_a_queued_cluster_retried_by_the_queue_keeps_a_quiet_timeline(alice, rac
         client.post(f"/api/v1/clusters/{first.pk}/terminate/")  # frees 5 hosts; the release drains the queue
     timeline = [e["to_status"] for e in client.get(events_url).json()["results"]]
     assert timeline == ["pending", "placing", "queued", "placing", "provisioning"]
+
+
+def test_a_small_request_behind_more_than_a_hundred_waiting_ones_still_starts(alice, rack, client_for, committed):
+    """The drain looked at the first 100 queued clusters only, so a request that fits behind 100 that do
+    not was never tried (the queue promises to skip what does not fit)."""
+    client = client_for(alice)
+    request(client, committed, nodes=4)
+    last_host = request(client, committed, nodes=1, name="last-host")
+    for number in range(101):
+        request(client, committed, nodes=5, name=f"big-{number}", priority=10)
+    small = request(client, committed, nodes=1, name="small")
+    assert client.get(f"/api/v1/clusters/{small.pk}/").json()["queue_position"] == 102
+
+    with committed():
+        client.post(f"/api/v1/clusters/{last_host.pk}/terminate/")  # one host frees; the release drains
+
+    assert client.get(f"/api/v1/clusters/{small.pk}/").json()["status"] == "provisioning"
+    assert Cluster.objects.filter(status="queued").count() == 101
+
+
+def test_a_drain_out_of_time_leaves_the_rest_queued_for_the_next(alice, rack, client_for, committed, caplog):
+    client = client_for(alice)
+    first = request(client, committed, nodes=5)
+    waiting = request(client, committed, nodes=1, name="waiting")
+    services.release(first)  # not committed: nothing drains yet
+
+    assert services.drain_queue(budget_s=-1) == 0
+    assert Cluster.objects.get(pk=waiting.pk).status == "queued"
+    assert "queue drain stopped after" in caplog.text and "0 of 1 queued clusters tried" in caplog.text
+    assert services.drain_queue() == 1
+    assert Cluster.objects.get(pk=waiting.pk).status == "provisioning"
