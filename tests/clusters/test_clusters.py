@@ -224,7 +224,9 @@ def test_a_queued_cluster_retried_by_the_queue_keeps_a_quiet_timeline(alice, rac
     assert timeline == ["pending", "placing", "queued", "placing", "provisioning"]
 
 
-def test_a_small_request_behind_more_than_a_hundred_waiting_ones_still_starts(alice, rack, client_for, committed):
+def test_a_small_request_behind_more_than_a_hundred_waiting_ones_still_starts(
+    alice, rack, client_for, committed
+):
     """The drain looked at the first 100 queued clusters only, so a request that fits behind 100 that do
     not was never tried (the queue promises to skip what does not fit)."""
     client = client_for(alice)
