@@ -480,6 +480,11 @@ def plan_as_json(result: placement.Plan | placement.Refusal) -> dict:
     data = asdict(result)
     data["placed"] = True
     data["explanation"] = humanize(result.explanation)
+    data["warnings"] = [
+        line.removeprefix(placement.WARNING_PREFIX)
+        for line in data["explanation"]
+        if line.startswith(placement.WARNING_PREFIX)
+    ]
     data["nodes"] = [
         {
             "rank": rank,

@@ -188,6 +188,11 @@ class PreviewSerializer(serializers.Serializer):
     predicted_allreduce_s = serializers.FloatField(required=False, allow_null=True)
     price_per_hour = serializers.FloatField(required=False)
     explanation = serializers.ListField(child=serializers.CharField())
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="What the plan costs that the figures may not say (a collective job across a WAN), and how to avoid it.",
+    )
     stage_order = serializers.ListField(
         child=serializers.ListField(child=serializers.CharField()), required=False
     )

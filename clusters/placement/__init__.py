@@ -14,7 +14,7 @@ from .bandwidth import (
     lowest_common_level,
 )
 from .baseline import best_fit, first_fit
-from .engine import as_inventory, plan, validate
+from .engine import WARNING_PREFIX, as_inventory, plan, validate
 from .index import Inventory
 from .types import (
     COLLECTIVE,
@@ -43,6 +43,7 @@ __all__ = [
     "LEVEL_LATENCY_S",
     "WAN_CROSS_REGION_GBPS",
     "WAN_SAME_REGION_GBPS",
+    "WARNING_PREFIX",
     "Constraint",
     "FabricKind",
     "HostSnapshot",

@@ -62,6 +62,8 @@ from .types import (
 )
 
 _GLOBAL = len(LEVELS) - 1
+WARNING_PREFIX = "warning: "  # explanation lines the console and the API also show apart
+_WAN_LEVELS = (Level.REGION, Level.GLOBAL)  # a plan spanning these crosses a WAN link (DESIGN.md table)
 _KIND_LABELS = {"infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet"}
 
 
@@ -412,6 +414,8 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
         seconds = allreduce_seconds(request.reference_gradient_bytes, len(hosts), busbw, level)
         gigabytes = request.reference_gradient_bytes / 1e9
         explanation.append(f"predicted ring all-reduce of a {gigabytes:g} GB gradient: {seconds:.4g} s")
+        if request.is_collective() and level in _WAN_LEVELS:
+            explanation.append(_wan_note(request, level, busbw))
     stages = _stage_order(request, hosts)
     explanation += _pipeline_notes(stages, {host.host_id: host for host in hosts}, measured)
     return Plan(
@@ -463,6 +467,18 @@ def _chosen_note(
     return (
         f"chosen: {level} {domain} for {shape}: predicted busbw {busbw:g} GB/s ({source}), {price}, "
         f"best-fit leaves {option.spare} spare host(s) that fit this node shape there"
+    )
+
+
+def _wan_note(request: PlacementRequest, level: Level, busbw: float) -> str:
+    """A collective plan that crosses a WAN: say what that costs and how to wait for one site instead."""
+    where = "between the sites of one region" if level == Level.REGION else "between regions"
+    return (
+        f"{WARNING_PREFIX}no single site can hold these {request.nodes} nodes within this request's constraints "
+        f"now, so every all-reduce crosses the WAN {where} ({busbw:g} GB/s, against 100-400 GB/s inside "
+        f"an InfiniBand or RoCE fabric); a {request.parallelism} "
+        "job spends most of each step waiting on it. To wait for room in one site instead, ask for "
+        "topology_level=site with topology_mode=required (the cluster queues until a site can hold it)"
     )
 
 

@@ -36,6 +36,40 @@ def test_preview_panel_shows_hosts_bandwidth_and_price(client, alice, rack):
     assert not Cluster.objects.exists()
 
 
+def test_a_data_parallel_plan_across_regions_is_flagged_in_the_preview_and_the_api(
+    client, alice, rack, helios_roce, make_host, committed
+):
+    """Seven nodes fit only iad1 (us-east, 5 hosts) and ams1 (eu-west, 2) together: 0.125 GB/s. The
+    warning used to sit only inside the folded "Why these hosts" list."""
+    for _ in range(2):
+        make_host(helios_roce.blocks.get())
+    client.force_login(alice)
+    page = client.post("/clusters/preview/", FORM | {"nodes": "7", "interconnect": ""}).content.decode()
+    box = re.search(r'<div class="warn-box" id="preview-warnings">(.*?)</div>', page, re.S).group(1)
+    assert "crosses the WAN between regions (0.125 GB/s" in box
+    assert "topology_level=site with topology_mode=required" in box
+
+    body = client.post(
+        "/api/v1/placements/preview",
+        {"nodes": 7, "gpus_per_node": 8, "gpu_models": ["H100"], "parallelism": "data_parallel"},
+        content_type="application/json",
+    ).json()
+    assert body["spanned_level"] == "global" and len(body["warnings"]) == 1
+    assert body["warnings"][0].startswith("no single site can hold these 7 nodes")
+    two = client.post(
+        "/api/v1/placements/preview",
+        {"nodes": 2, "gpus_per_node": 8, "gpu_models": ["H100"], "parallelism": "data_parallel"},
+        content_type="application/json",
+    ).json()
+    assert two["spanned_level"] == "block" and two["warnings"] == []
+    assert 'id="preview-warnings"' not in client.post("/clusters/preview/", FORM).content.decode()
+
+    with committed():
+        client.post("/clusters/new/", FORM | {"nodes": "7", "interconnect": "", "name": "wide"})
+    page = client.get(f"/clusters/{Cluster.objects.get(name='wide').pk}/").content.decode()
+    assert 'id="plan-warnings"' in page and "crosses the WAN between regions" in page
+
+
 def test_preview_panel_shows_refusal_reasons_when_nothing_fits(client, alice, rack):
     client.force_login(alice)
     page = client.post("/clusters/preview/", FORM | {"max_price_per_gpu_hour": "1.00"}).content.decode()

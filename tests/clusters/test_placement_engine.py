@@ -342,3 +342,26 @@ def test_a_model_that_cannot_take_the_node_size_is_fine_when_another_can():
     validate(fsdp(1, 8, models=("L40S", "H100")), inventory)
     with pytest.raises(InvalidRequest, match="8 GPUs per node asked; the largest L40S host has 4"):
         validate(fsdp(1, 8, models=("L40S",)), inventory)
+
+
+def test_a_collective_plan_across_a_wan_says_so_and_how_to_wait_for_one_site():
+    """bench/churn.py --comm-share: a data-parallel job spread over regions runs ~160x slower; a user who
+    sees only "0.125 GB/s" may not know to ask for one site instead."""
+    inventory = hosts_in("b1", 2, site="s1", region="eu") + hosts_in("b2", 2, site="s2", region="us")
+    result = plan(fsdp(4), inventory)
+    assert result.spanned_level == "global"
+    warning = next(line for line in result.explanation if line.startswith("warning:"))
+    assert "crosses the WAN between regions (0.125 GB/s" in warning
+    assert "topology_level=site with topology_mode=required" in warning
+
+    same_region = hosts_in("b1", 2, site="s1") + hosts_in("b2", 2, site="s2")
+    warning = next(line for line in plan(fsdp(4), same_region).explanation if line.startswith("warning:"))
+    assert "between the sites of one region (1.25 GB/s" in warning
+
+    one_site = hosts_in("b1", 2) + hosts_in("b2", 2, fabric="f2")
+    assert not any(line.startswith("warning:") for line in plan(fsdp(4), one_site).explanation)
+    independent = plan(fsdp(4, parallelism="independent"), inventory)
+    assert not any(line.startswith("warning:") for line in independent.explanation)
+
+    waiting = plan(fsdp(4, topology_level="site", topology_mode="required"), inventory)
+    assert isinstance(waiting, Refusal)
