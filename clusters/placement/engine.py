@@ -415,7 +415,7 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
         gigabytes = request.reference_gradient_bytes / 1e9
         explanation.append(f"predicted ring all-reduce of a {gigabytes:g} GB gradient: {seconds:.4g} s")
         if request.is_collective() and level in _WAN_LEVELS:
-            explanation.append(_wan_note(request, level, busbw))
+            explanation.append(_wan_note(request, level, busbw, hosts, measured))
     stages = _stage_order(request, hosts)
     explanation += _pipeline_notes(stages, {host.host_id: host for host in hosts}, measured)
     return Plan(
@@ -470,15 +470,24 @@ def _chosen_note(
     )
 
 
-def _wan_note(request: PlacementRequest, level: Level, busbw: float) -> str:
-    """A collective plan that crosses a WAN: say what that costs and how to wait for one site instead."""
+def _wan_note(
+    request: PlacementRequest,
+    level: Level,
+    busbw: float,
+    hosts: list[HostSnapshot],
+    measured: Measured | None,
+) -> str:
+    """A collective plan that crosses a WAN: what that costs against the same hosts' in-block figure, and
+    how to wait for one site instead."""
     where = "between the sites of one region" if level == Level.REGION else "between regions"
+    in_block = min(level_caps_gbps(host, measured)[0] for host in hosts)
     return (
-        f"{WARNING_PREFIX}no single site can hold these {request.nodes} nodes within this request's constraints "
-        f"now, so every all-reduce crosses the WAN {where} ({busbw:g} GB/s, against 100-400 GB/s inside "
-        f"an InfiniBand or RoCE fabric); a {request.parallelism} "
-        "job spends most of each step waiting on it. To wait for room in one site instead, ask for "
-        "topology_level=site with topology_mode=required (the cluster queues until a site can hold it)"
+        f"{WARNING_PREFIX}no single site can hold these {request.nodes} nodes within this request's "
+        f"constraints now, so every all-reduce crosses the WAN {where}: {busbw:.3g} GB/s, "
+        f"{in_block / busbw:,.0f}x below the {in_block:.3g} GB/s these hosts reach inside one block. A "
+        f"{request.parallelism.replace('_', ' ')} job spends most of each step waiting on it. To wait for room "
+        "in one site instead, ask for topology_level=site with topology_mode=required (the cluster queues "
+        "until a site can hold it)"
     )
 
 
