@@ -42,7 +42,8 @@ class Job(models.Model):
     last_step = models.IntegerField(null=True, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True, help_text="The workload's `done` event.")
-    # Log bookkeeping: characters stored in JobLogChunk rows, and of the current Ray submission's log.
+    # Log bookkeeping: characters stored in JobLogChunk rows, and bytes read of the current Ray submission's
+    # log (its driver log file on the head host).
     log_size = models.PositiveBigIntegerField(default=0)
     ray_log_seen = models.PositiveBigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)

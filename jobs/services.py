@@ -4,7 +4,8 @@
 submit_job() ─ Job(PENDING) + working dir prepared on Volt's side ─▶ start_job_task (queue jobs)
 start_job():   Ray job submission API over HTTP with the cluster's token (never ray.init), submission id
                volt-<install>-job-<id>-a<attempt> (a redelivered task finds it submitted)
-poll (beat):   status → JobStatus, new log text stored (logs outlive the cluster), VOLT_EVENT lines →
+poll (beat):   status → JobStatus, new log text stored (logs outlive the cluster; read from the head host by
+               byte offset, at most LOG_READ_MAX a read), VOLT_EVENT lines →
                first_step_at / last_step, busbw samples (source job), checkpoints rescanned
 stop_job():    Ray stop → every host checked by the job's process marker, leftovers killed → STOPPED
 ```
@@ -13,6 +14,7 @@ Web processes only touch the database and Volt's own disk (the working dir); wor
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -39,7 +41,7 @@ from clusters import services as clusters
 from clusters.choices import ClusterStatus, MetricSource
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_http, ray_nodes
-from clusters.tenancy import ray_auth_token, ray_cluster_id, shared_storage_dir
+from clusters.tenancy import node_temp_dir, ray_auth_token, ray_cluster_id, shared_storage_dir
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
@@ -59,6 +61,11 @@ MAX_ENV_VARS = 64
 MAX_ENTRYPOINT = 2000
 LOG_PAGE_MAX = 256 * 1024  # characters one /logs/ answer carries at most
 BROADCAST_LOG_MAX = 64 * 1024  # a websocket `job_log` event carries at most this; pages fetch the rest
+# A job's Ray log is read from the head host LOG_READ_MAX bytes at a time, from where the last read stopped
+# (Ray's own API answers the whole log on every call: a chatty job made every poll fetch, JSON-encode and
+# hold it all). One poll reads until it has caught up or LOG_POLL_BUDGET_S is spent; the next goes on.
+LOG_READ_MAX = 4 * MIB
+LOG_POLL_BUDGET_S = 20.0
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV = ("VOLT_", "RAY_")  # Volt's contract with the job, and Ray's own switches
 RESERVED_NAMES = {"CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "LD_PRELOAD"}
@@ -475,7 +482,10 @@ def _poll(job: Job) -> Job:
     try:
         client = ray_client(job.cluster)
         info = client.get_job_info(job.ray_submission_id)
-        logs = client.get_job_logs(job.ray_submission_id)
+        ray_status = str(getattr(info.status, "value", info.status))
+        terminal = FROM_RAY.get(ray_status) in TERMINAL
+        started = ray_status != "PENDING"
+        rescan, last_text, caught_up = follow_log(job, client, final=terminal, started=started)
     except (RuntimeError, OSError, ValueError, ConnectionError) as exc:
         logger.info("job %s: head did not answer: %s", job.pk, exc)
         if "does not exist" in str(exc) and job.status in LIVE and job.cluster.status == ClusterStatus.READY:
@@ -484,13 +494,11 @@ def _poll(job: Job) -> Job:
                 extra={"finished_at": timezone.now()},
             )  # fmt: skip
         return job
-    ray_status = str(getattr(info.status, "value", info.status))
-    terminal = FROM_RAY.get(ray_status) in TERMINAL
-    events = store_log(job, logs, final=terminal)
-    rescan = apply_events(job, events) or terminal
-    if rescan:
+    if rescan or (terminal and caught_up):
         rescan_checkpoints(job)
-    return _follow_status(job, ray_status, info.message or "", logs)
+    if terminal and not caught_up:
+        return job  # the end of its log is still to be read: the status follows when it is (next polls)
+    return _follow_status(job, ray_status, info.message or "", last_text)
 
 
 def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
@@ -514,22 +522,94 @@ def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
             else f"stopped by Ray: {message}"
         )
     else:
+        if not logs.strip():  # its log had all been read by earlier polls: the last stored lines
+            stored = job.log_chunks.filter(attempt=job.attempt).order_by("-offset").first()
+            logs = stored.text if stored else ""
         tail = "\n".join(logs.strip().splitlines()[-5:])
         reason = f"{message or 'the entrypoint failed'}" + (f"\n{tail}" if tail else "")
     extra["status_reason"] = reason[:2000]
     return transitions.transition(job, target, reason[:2000], extra=extra)
 
 
-def store_log(job: Job, logs: str, *, final: bool) -> list[dict]:
-    """Keep the part of the Ray log not stored yet (whole lines while the job runs) and broadcast it;
-    answer the VOLT_EVENTs in it."""
-    new = logs[job.ray_log_seen :]
-    if not final and "\n" in new:
-        new = new[: new.rindex("\n") + 1]
-    elif not final:
-        new = ""  # half a line: wait for the rest
-    if not new:
+def follow_log(job: Job, client, *, final: bool, started: bool = True) -> tuple[bool, str, bool]:
+    """Read the job's Ray log on from byte `job.ray_log_seen`, LOG_READ_MAX bytes at a time, storing each
+    piece (store_log) and answering its events (apply_events), until caught up or LOG_POLL_BUDGET_S is
+    spent. `final`: Ray says the job ended, so a last line without its newline is stored too.
+    (checkpoints to rescan, the text of the last piece, caught up).
+
+    The log is read on the head host (read_head_log); where its driver fails, from Ray's API instead (the
+    whole log, sliced). `started`: Ray has started the entrypoint, so the log file must exist: a missing
+    one is asked of Ray too rather than taken as empty."""
+    rescan = False
+    last = b""
+    deadline = time.monotonic() + LOG_POLL_BUDGET_S
+    whole = None  # the log as Ray's API gives it, once asked
+    while True:
+        piece = None
+        if whole is None:
+            try:
+                piece = read_head_log(job, job.ray_log_seen, LOG_READ_MAX)
+            except DriverError as exc:
+                logger.info("job %s: log not readable on its head host (%s); asking Ray", job.pk, exc)
+            if piece is None and (started or final):
+                whole = client.get_job_logs(job.ray_submission_id).encode()
+        if whole is not None:
+            piece = (whole[job.ray_log_seen : job.ray_log_seen + LOG_READ_MAX], len(whole))
+        data, size = piece or (b"", 0)
+        at_end = job.ray_log_seen + len(data) >= size
+        before = job.ray_log_seen
+        rescan = apply_events(job, store_log(job, data, final=final and at_end)) or rescan
+        used = job.ray_log_seen - before
+        last = data[:used] or last
+        if at_end or not used or time.monotonic() > deadline:
+            caught_up = at_end and (not final or job.ray_log_seen >= size)
+            return rescan, last.decode("utf-8", errors="replace"), caught_up
+
+
+def read_head_log(job: Job, offset: int, limit: int) -> tuple[bytes, int] | None:
+    """Bytes `offset`..`offset + limit` of the job's Ray driver log and the log's whole size, read on the
+    cluster's head host through its driver (where Ray writes it: `<temp dir>/session_latest/logs/
+    job-driver-<submission id>.log`); None while there is no such file. Raises DriverError."""
+    nodes = _nodes(job.cluster)
+    if not nodes or not nodes[0].is_head:
+        raise DriverError("the cluster has no active head node")
+    head = nodes[0]
+    path = f"{node_temp_dir(job.cluster, head)}/session_latest/logs/job-driver-{job.ray_submission_id}.log"
+    # base64: the bytes exactly as written (the drivers decode output as text); a marker line: whatever the
+    # host's shell rc files print comes first.
+    command = (
+        f'f={shlex.quote(path)}; if [ -f "$f" ]; then echo "VOLT-LOG $(stat -c %s "$f")" && '
+        f'tail -c +{int(offset) + 1} "$f" | head -c {int(limit)} | base64 -w0; echo; '
+        'else echo "VOLT-LOG missing"; fi'
+    )
+    with inventory.driver_for(head.host) as driver:
+        result = driver.run(command, timeout=60)
+    lines = result.stdout.splitlines()
+    marks = [n for n, line in enumerate(lines) if line.startswith("VOLT-LOG ")]
+    if not result.ok or not marks:
+        raise DriverError(f"reading the job log on {head.host.name} failed: {result.stderr.strip()[:300]}")
+    mark = marks[-1]
+    size = lines[mark].split(" ", 1)[1].strip()
+    if size == "missing":
+        return None
+    encoded = lines[mark + 1].strip() if mark + 1 < len(lines) else ""
+    try:
+        return base64.b64decode(encoded, validate=True), int(size)
+    except ValueError as exc:
+        raise DriverError(f"the job log read on {head.host.name} came back garbled: {exc}") from exc
+
+
+def store_log(job: Job, data: bytes, *, final: bool) -> list[dict]:
+    """Keep `data` (the Ray log from byte `job.ray_log_seen` on) — only whole lines while the job runs —
+    and broadcast it; answer the VOLT_EVENTs in it. `job.ray_log_seen` moves past what was taken."""
+    if not final:
+        cut = data.rfind(b"\n") + 1
+        if not cut and len(data) >= LOG_READ_MAX:
+            cut = len(data)  # one line longer than a read: take it as it is rather than wait forever
+        data = data[:cut]  # half a line: wait for the rest
+    if not data:
         return []
+    new = data.decode("utf-8", errors="replace")
     room = max(0, settings.VOLT_JOB_LOG_MAX_MB * MIB - job.log_size)
     kept = new[:room]
     if len(kept) < len(new) and room:
@@ -539,10 +619,10 @@ def store_log(job: Job, logs: str, *, final: bool) -> list[dict]:
         if kept:
             JobLogChunk.objects.create(job=job, offset=offset, attempt=job.attempt, text=kept)
         Job.objects.filter(pk=job.pk).update(
-            log_size=F("log_size") + len(kept), ray_log_seen=F("ray_log_seen") + len(new)
+            log_size=F("log_size") + len(kept), ray_log_seen=F("ray_log_seen") + len(data)
         )
         job.log_size += len(kept)
-        job.ray_log_seen += len(new)
+        job.ray_log_seen += len(data)
         if kept:
             realtime.broadcast(
                 f"cluster-{job.cluster_id}",

@@ -130,3 +130,41 @@ def test_checkpoints_on_an_ssh_head_are_scanned_through_its_driver(alice, team_a
     assert not rows[20].synchronized and "missing" in rows[20].reason
     assert jobs.latest_synchronized_checkpoint(job).step == 10
     assert (home / workdir / "volt_ckpt.py").exists()  # shipped to the head through the driver
+
+
+def test_a_jobs_log_on_an_ssh_head_is_read_through_its_driver_by_byte_offset(alice, team_a, ssh_hosts):
+    """Volt reads a job's Ray driver log where Ray writes it on the head, a piece at a time from the byte the
+    last read stopped at, through asyncssh: the bytes come back exactly (multi-byte text cut anywhere)."""
+    import shutil
+
+    from clusters.models import ClusterNode
+    from clusters.tenancy import node_temp_dir
+    from jobs import services as jobs
+    from jobs.models import Job
+
+    head, _ = ssh_hosts[0]
+    cluster = Cluster.objects.create(
+        team=team_a, created_by=alice, name="logs-over-ssh", status="ready",
+        spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]},
+    )  # fmt: skip
+    node = ClusterNode.objects.create(cluster=cluster, host=head, rank=0, is_head=True, gpu_indices=[0], slot=8)
+    job = Job.objects.create(cluster=cluster, team=team_a, created_by=alice, entrypoint="python train.py",
+                             ray_submission_id="volt-test-job-1-a1")  # fmt: skip
+    temp_dir = Path(node_temp_dir(cluster, node))
+    try:
+        assert jobs.read_head_log(job, 0, 100) is None  # not written yet
+        logs = temp_dir / "session_2026-12-04_03-00-00_000000_9" / "logs"
+        logs.mkdir(parents=True)
+        (temp_dir / "session_latest").symlink_to(logs.parent)
+        content = "".join(f"step {i} — données ✓\n" for i in range(3000)).encode()
+        (logs / "job-driver-volt-test-job-1-a1.log").write_bytes(content)
+        pieces, offset = [], 0
+        while offset < len(content):
+            data, size = jobs.read_head_log(job, offset, 7001)  # an odd size: cuts inside characters
+            assert size == len(content) and 0 < len(data) <= 7001
+            pieces.append(data)
+            offset += len(data)
+        assert b"".join(pieces) == content
+        assert jobs.read_head_log(job, len(content), 7001) == (b"", len(content))
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)

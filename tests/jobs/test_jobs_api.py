@@ -241,11 +241,12 @@ def test_events_set_steps_and_store_job_bandwidth_samples(alice, ready_cluster):
 
 def test_store_log_keeps_whole_lines_until_the_job_ends(alice, ready_cluster):
     job = services.submit_job(ready_cluster, alice, "python t.py")
-    services.store_log(job, "a\nb\npartial", final=False)
-    assert services.read_log(job)["text"] == "a\nb\n"
-    services.store_log(job, "a\nb\npartial line\nc\n", final=False)
-    services.store_log(job, "a\nb\npartial line\nc\ntail", final=True)
-    assert services.read_log(job)["text"] == "a\nb\npartial line\nc\ntail"
+    services.store_log(job, b"a\nb\npartial", final=False)
+    assert services.read_log(job)["text"] == "a\nb\n" and job.ray_log_seen == 4
+    services.store_log(job, b"partial line\nc\n", final=False)
+    services.store_log(job, "tail é".encode(), final=True)
+    assert services.read_log(job)["text"] == "a\nb\npartial line\nc\ntail é"
+    assert Job.objects.get(pk=job.pk).ray_log_seen == len("a\nb\npartial line\nc\ntail é".encode())
 
 
 def test_a_working_dir_copy_goes_when_nothing_can_submit_the_job_again(
