@@ -1,8 +1,10 @@
-"""Console pages for jobs: a team's jobs, the submit form of a cluster, a job's live page, stop."""
+"""Console pages for jobs: a team's jobs, the submit form of a cluster, a job's live page, its whole log as a
+file, stop."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -60,8 +62,18 @@ def job_detail(request, cluster_id, pk):
         "checkpoints": job.checkpoints.order_by("step"),
         "events": job.events.all(),
         "can_stop": job.status in LIVE | WAITING,
+        "log_tail": services.LOG_PAGE_MAX,
     }
     return render(request, "jobs/detail.html", context)
+
+
+@login_required
+def job_log_download(request, cluster_id, pk):
+    """The job's whole stored log as a text file, streamed chunk by chunk (up to VOLT_JOB_LOG_MAX_MB)."""
+    job = _job(request, cluster_id, pk)
+    response = StreamingHttpResponse(services.log_text_chunks(job), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.log"'
+    return response
 
 
 @login_required

@@ -87,3 +87,21 @@ def test_cli_submit_needs_a_command_or_demo(monkeypatch, capsys):
     assert "give the command to run after --" in capsys.readouterr().err
     assert cli.main(["jobs", "submit", "--cluster", "3", "--env", "NOEQUALS", "--", "python", "t.py"]) == 1
     assert "--env 'NOEQUALS': write NAME=value" in capsys.readouterr().err
+
+
+def test_the_whole_log_downloads_as_a_file_for_the_team_only(client, alice, bob, ready_cluster):
+    """The job page opens a long log at its end; the whole log (every stored chunk, in order) downloads."""
+    job = services.submit_job(ready_cluster, alice, "python t.py")
+    lines = [f"line {i} — é ✓\n" for i in range(3000)]
+    for start in range(0, 3000, 100):  # 30 chunks, as 30 polls store them
+        services.store_log(job, "".join(lines[start : start + 100]).encode(), final=False)
+    client.force_login(alice)
+    page = client.get(f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/").content.decode()
+    assert f'data-log-size="{job.log_size}"' in page and f'data-log-tail="{services.LOG_PAGE_MAX}"' in page
+    assert f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/log.txt" in page and "Show earlier lines" in page
+    response = client.get(f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/log.txt")
+    assert response.status_code == 200 and response["Content-Type"] == "text/plain; charset=utf-8"
+    assert f'filename="job-{job.pk}.log"' in response["Content-Disposition"]
+    assert b"".join(response.streaming_content).decode() == "".join(lines)
+    client.force_login(bob)  # another team's
+    assert client.get(f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/log.txt").status_code == 404
