@@ -27,6 +27,7 @@ DEFAULT_WAIT_TIMEOUT_S = 1800
 DEFAULT_POLL_INTERVAL_S = 2.0
 HTTP_TIMEOUT_S = 30
 LIST_PAGE_SIZE = 500
+LOG_PAGE = 256 * 1024  # characters one /logs/ answer carries at most (the server's LOG_PAGE_MAX)
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -426,6 +427,12 @@ def _cluster_id(value: str) -> int:
     return int(value)
 
 
+def _line_count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of lines (0 or more)")
+    return int(value)
+
+
 def _connection_flags() -> argparse.ArgumentParser:
     # SUPPRESS: a flag given after the subcommand must not be reset by the one before it, and vice versa.
     flags = argparse.ArgumentParser(add_help=False)
@@ -557,12 +564,12 @@ def cmd_job_submit(client: Client, args: argparse.Namespace) -> int:
 
 
 def follow_job(
-    client: Client, job_id: int, timeout_s: float, *, stream: bool, to_stdout: bool = False
+    client: Client, job_id: int, timeout_s: float, *, stream: bool, to_stdout: bool = False, offset: int = 0
 ) -> int:
-    """Print the job's log as it grows (stderr, or stdout for `logs --follow`) until it ends; exit by status."""
+    """Print the job's log from `offset` as it grows (stderr, or stdout for `logs --follow`) until it ends;
+    exit by status."""
     deadline = time.monotonic() + timeout_s
     interval = _poll_interval()
-    offset = 0
     out = sys.stdout if to_stdout else sys.stderr
     while True:
         page = _job_get(client, f"/jobs/{job_id}/logs/", {"offset": offset})
@@ -595,10 +602,30 @@ def _job_get(client: Client, path: str, params: dict | None = None) -> Any:
         raise
 
 
+def tail_log(client: Client, job_id: int, lines: int) -> tuple[str, int]:
+    """The last `lines` lines of the job's stored log, and the offset just past them (where a follow goes
+    on). Pages are read backwards from the end, only as far as needed."""
+    size = end = _job_get(client, f"/jobs/{job_id}/logs/", {"offset": 0, "limit": 1})["size"]
+    text = ""
+    while end > 0 and text.count("\n") <= lines:  # one newline more than lines: the first is whole
+        start = max(0, end - LOG_PAGE)
+        page = _job_get(client, f"/jobs/{job_id}/logs/", {"offset": start, "limit": end - start})
+        text = page["text"] + text
+        end = start
+    kept = text.splitlines(keepends=True)[-lines:] if lines else []
+    return "".join(kept), size
+
+
 def cmd_job_logs(client: Client, args: argparse.Namespace) -> int:
-    if args.follow:
-        return follow_job(client, args.id, args.timeout, stream=True, to_stdout=True)
     offset = 0
+    if args.tail is not None:
+        text, offset = tail_log(client, args.id, args.tail)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        if not args.follow:
+            return EXIT_OK
+    if args.follow:
+        return follow_job(client, args.id, args.timeout, stream=True, to_stdout=True, offset=offset)
     while True:
         page = _job_get(client, f"/jobs/{args.id}/logs/", {"offset": offset})
         sys.stdout.write(page["text"])
@@ -664,6 +691,7 @@ def _add_job_commands(resources, connection) -> None:
     logs = command("logs", cmd_job_logs, "a job's log; --follow until it ends (exit 0 if it succeeded)")
     logs.add_argument("id", type=_cluster_id)
     logs.add_argument("--follow", "-f", action="store_true")
+    logs.add_argument("--tail", type=_line_count, metavar="LINES", help="only the last LINES lines (then --follow)")
     logs.add_argument("--timeout", **timeout)
     stop = command("stop", cmd_job_stop, "stop a job on every host; --wait until it is stopped")
     stop.add_argument("id", type=_cluster_id)

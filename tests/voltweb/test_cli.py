@@ -359,3 +359,31 @@ def test_statuses_are_the_apis():
 )
 def test_how_a_wait_ends_at_each_status(status, targets, code):
     assert cli.outcome(status, targets) == code
+
+
+def test_jobs_logs_tail_prints_the_last_lines_and_follows_from_there(volt, alice, team_a):
+    """`volt jobs logs ID --tail N` reads the log backwards from its end only as far as N lines need (a
+    pipeline wanting a failed job's last lines no longer downloads all 16 MB), then --follow goes on."""
+    from jobs import services as jobs
+    from jobs.models import Job
+
+    cluster = Cluster.objects.create(team=team_a, created_by=alice, name="tail", status="terminated",
+                                     spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]})  # fmt: skip
+    job = Job.objects.create(cluster=cluster, team=team_a, created_by=alice, entrypoint="python t.py",
+                             status="failed")  # fmt: skip
+    lines = [f"line {i:05d} données ✓ {'x' * 120}\n" for i in range(6000)]  # ~850 K characters: 4 pages
+    for start in range(0, 6000, 1000):
+        jobs.store_log(job, "".join(lines[start : start + 1000]).encode(), final=True)
+    jobs.store_log(job, b"Traceback: the end, no newline", final=True)
+    ending = "Traceback: the end, no newline"
+
+    run = volt("jobs", "logs", str(job.pk), "--tail", "3")
+    assert run.code == 0 and run.out == lines[-2] + lines[-1] + ending
+    run = volt("jobs", "logs", str(job.pk), "--tail", "2500")  # across pages
+    assert run.code == 0 and run.out == "".join(lines[-2499:]) + ending
+    assert volt("jobs", "logs", str(job.pk), "--tail", "99999").out == "".join(lines) + ending
+    assert volt("jobs", "logs", str(job.pk), "--tail", "0").out == ""
+    run = volt("jobs", "logs", str(job.pk), "--tail", "1", "--follow")  # ended: exit by its status
+    assert run.code == cli.EXIT_FAILED and run.out == ending
+    run = volt("jobs", "logs", str(job.pk), "--tail", "lots")
+    assert run.code == cli.EXIT_ERROR and "'lots' is not a number of lines" in run.err
