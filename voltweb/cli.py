@@ -572,13 +572,15 @@ def follow_job(
     interval = _poll_interval()
     out = sys.stdout if to_stdout else sys.stderr
     while True:
-        page = _job_get(client, f"/jobs/{job_id}/logs/", {"offset": offset})
+        # Not streaming (stop --wait): only whether the job ended and its log is all stored; no text needed.
+        params = {"offset": offset} if stream else {"offset": offset, "limit": 1}
+        page = _job_get(client, f"/jobs/{job_id}/logs/", params)
         if stream and page["text"]:
             out.write(page["text"])
             out.flush()
-        offset = page["next_offset"]
-        if page["next_offset"] < page["size"]:
-            continue  # more stored than one answer carries
+        offset = page["next_offset"] if stream else max(offset, page["size"])
+        if offset < page["size"] or page["next_offset"] < offset:
+            continue  # more stored than one answer carries (streaming), or not yet asked at the end (not)
         if page["status"] in JOB_ENDED and page["complete"]:
             job = _job_get(client, f"/jobs/{job_id}/")
             if not to_stdout:

@@ -387,3 +387,30 @@ def test_jobs_logs_tail_prints_the_last_lines_and_follows_from_there(volt, alice
     assert run.code == cli.EXIT_FAILED and run.out == ending
     run = volt("jobs", "logs", str(job.pk), "--tail", "lots")
     assert run.code == cli.EXIT_ERROR and "'lots' is not a number of lines" in run.err
+
+
+def test_waiting_for_a_stop_reads_no_log_text(live_server, token, alice, team_a, monkeypatch):
+    """`volt jobs stop --wait` only needs to know that the job ended and its log is all stored: it paged
+    through the whole log (up to 16 MB) and threw the text away. Now it asks at the log's end."""
+    from jobs import services as jobs
+    from jobs.models import Job
+
+    monkeypatch.setenv("VOLT_POLL_INTERVAL", "0.2")
+    cluster = Cluster.objects.create(team=team_a, created_by=alice, name="stopped", status="terminated",
+                                     spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]})  # fmt: skip
+    job = Job.objects.create(cluster=cluster, team=team_a, created_by=alice, entrypoint="python t.py",
+                             status="stopped")  # fmt: skip
+    for _ in range(4):
+        jobs.store_log(job, ("y" * 199 + "\n").encode() * 1000, final=True)  # 800 K characters
+    client = cli.Client(live_server.url, token)
+    fetched = []
+    real_get = client.get
+
+    def get(path, params=None):
+        answer = real_get(path, params)
+        fetched.append(len(answer.get("text", "")) if isinstance(answer, dict) else 0)
+        return answer
+
+    client.get = get
+    assert cli.follow_job(client, job.pk, 30, stream=False) == cli.EXIT_TERMINATED
+    assert sum(fetched) <= 1 and len(fetched) <= 3
