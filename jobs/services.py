@@ -66,6 +66,7 @@ BROADCAST_LOG_MAX = 64 * 1024  # a websocket `job_log` event carries at most thi
 # hold it all). One poll reads until it has caught up or LOG_POLL_BUDGET_S is spent; the next goes on.
 LOG_READ_MAX = 4 * MIB
 LOG_POLL_BUDGET_S = 20.0
+LOG_READ_TIMEOUT_S = 15.0  # one read; a poll (soft limit 50 s) may start one just before its budget ends
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV = ("VOLT_", "RAY_")  # Volt's contract with the job, and Ray's own switches
 RESERVED_NAMES = {"CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "LD_PRELOAD"}
@@ -583,7 +584,7 @@ def read_head_log(job: Job, offset: int, limit: int) -> tuple[bytes, int] | None
         'else echo "VOLT-LOG missing"; fi'
     )
     with inventory.driver_for(head.host) as driver:
-        result = driver.run(command, timeout=60)
+        result = driver.run(command, timeout=LOG_READ_TIMEOUT_S)
     lines = result.stdout.splitlines()
     marks = [n for n, line in enumerate(lines) if line.startswith("VOLT-LOG ")]
     if not result.ok or not marks:
