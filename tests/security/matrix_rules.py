@@ -102,6 +102,7 @@ ROUTES: dict[str, Rule] = {
         body={"kind": "demo", "steps": 5, "seed": 0, "checkpoint_every": 2},
     ),  # fmt: skip
     "jobs:detail": R("job"),
+    "jobs:log": R("job"),  # the whole stored log as a file: whoever may see the job
     "jobs:stop": R("job", methods=("POST",)),
     "inventory:host-faults": R("private_host", methods=("POST",), body={"fault": "hot"}),
     "healthz": R("public"),
