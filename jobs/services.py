@@ -712,11 +712,7 @@ def read_log(job: Job, offset: int = 0, limit: int = LOG_PAGE_MAX) -> dict:
 
 def log_text_chunks(job: Job):
     """The job's whole stored log, chunk by chunk in order (a download streams it; never all in memory)."""
-    ids = list(job.log_chunks.order_by("offset").values_list("pk", flat=True))
-    for start in range(0, len(ids), 16):
-        yield from JobLogChunk.objects.filter(pk__in=ids[start : start + 16]).order_by("offset").values_list(
-            "text", flat=True
-        )
+    return job.log_chunks.order_by("offset").values_list("text", flat=True).iterator(chunk_size=16)
 
 
 # --- checkpoints -------------------------------------------------------------------------------------
