@@ -13,6 +13,7 @@ Secrets are Fernet-encrypted at rest (voltweb/crypto.py) and generated once per 
 from __future__ import annotations
 
 import secrets
+import shlex
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -125,6 +126,26 @@ def remove_node_user(cluster: Cluster) -> list[str]:
         except DriverError as exc:
             problems.append(f"user {cluster.node_user} via {host.name}: {exc}")
     return problems
+
+
+def as_node_user(cluster: Cluster, host, command: str) -> str:
+    """`command` as the user the cluster's Ray runs as on `host`, for anything Volt reads or walks on a path
+    the cluster's jobs can write (their logs, their checkpoints).
+
+    A job is hostile code: as root, Volt would follow a link the job left in place of its log to any file
+    of the machine (Volt's secrets, /etc/shadow) and hand it back as the job's log. Run as the cluster's
+    user, the read gets exactly what the job itself could read. Local hosts with a user of the cluster's
+    own switch to it (Volt is root there); elsewhere Ray runs as the driver's own user already."""
+    switch = node_user_prefix(cluster, host)
+    return f"{switch}sh -c {shlex.quote(command)}" if switch else command
+
+
+def node_user_prefix(cluster: Cluster, host) -> str:
+    """`setpriv ... -- ` that runs what follows as the cluster's own user on `host`, or "" (see as_node_user)."""
+    if cluster.node_user and host.driver == DriverKind.LOCAL:
+        user = shlex.quote(cluster.node_user)
+        return f"setpriv --reuid={user} --regid={user} --clear-groups -- "
+    return ""
 
 
 def node_temp_dir(cluster: Cluster, node: ClusterNode) -> str:

@@ -41,7 +41,15 @@ from clusters import services as clusters
 from clusters.choices import ClusterStatus, MetricSource
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_http, ray_nodes
-from clusters.tenancy import node_temp_dir, ray_auth_token, ray_cluster_id, shared_storage_dir
+from clusters.tenancy import (
+    as_node_user,
+    node_temp_dir,
+    node_user_prefix,
+    ray_auth_token,
+    ray_cluster_id,
+    shared_storage_dir,
+)
+from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
@@ -577,14 +585,17 @@ def read_head_log(job: Job, offset: int, limit: int) -> tuple[bytes, int] | None
     head = nodes[0]
     path = f"{node_temp_dir(job.cluster, head)}/session_latest/logs/job-driver-{job.ray_submission_id}.log"
     # base64: the bytes exactly as written (the drivers decode output as text); a marker line: whatever the
-    # host's shell rc files print comes first.
+    # host's shell rc files print comes first. The job owns the folder: it is read as the cluster's user
+    # (tenancy.as_node_user), and a link in the log's place is not followed at all.
     command = (
-        f'f={shlex.quote(path)}; if [ -f "$f" ]; then echo "VOLT-LOG $(stat -c %s "$f")" && '
+        f'f={shlex.quote(path)}; if [ -L "$f" ] || {{ [ -e "$f" ] && [ ! -f "$f" ]; }}; then '
+        'echo "VOLT-LOG refused"; elif [ -f "$f" ]; then '
+        'if [ -r "$f" ]; then echo "VOLT-LOG $(stat -c %s "$f")" && '
         f'tail -c +{int(offset) + 1} "$f" | head -c {int(limit)} | base64 -w0; echo; '
-        'else echo "VOLT-LOG missing"; fi'
+        'else echo "VOLT-LOG refused"; fi; else echo "VOLT-LOG missing"; fi'
     )
     with inventory.driver_for(head.host) as driver:
-        result = driver.run(command, timeout=LOG_READ_TIMEOUT_S)
+        result = driver.run(as_node_user(job.cluster, head.host, command), timeout=LOG_READ_TIMEOUT_S)
     lines = result.stdout.splitlines()
     marks = [n for n, line in enumerate(lines) if line.startswith("VOLT-LOG ")]
     if not result.ok or not marks:
@@ -593,6 +604,10 @@ def read_head_log(job: Job, offset: int, limit: int) -> tuple[bytes, int] | None
     size = lines[mark].split(" ", 1)[1].strip()
     if size == "missing":
         return None
+    if size == "refused":  # Ray's API (its dashboard runs as the cluster's user) is asked instead
+        raise DriverError(
+            f"the job's log on {head.host.name} is not a regular file the cluster's user can read"
+        )
     encoded = lines[mark + 1].strip() if mark + 1 < len(lines) else ""
     try:
         return base64.b64decode(encoded, validate=True), int(size)
@@ -719,23 +734,32 @@ def log_text_chunks(job: Job):
 
 
 def scan_storage(job: Job) -> list[dict]:
-    """volt_ckpt.scan of the job's checkpoint dir: this machine's folder for local hosts, else
-    `python3 volt_ckpt.py scan DIR` on the head through its host driver."""
-    from jobs.workloads import volt_ckpt
-
+    """volt_ckpt.scan of the job's checkpoint dir, on the cluster's head host through its driver, as the
+    user its Ray runs as: the folder is the job's to write, and Volt does not walk it with more rights than
+    the job has (tenancy.as_node_user). Local hosts run the module from this machine's source; SSH hosts get
+    a copy in the cluster's workdir."""
     nodes = _nodes(job.cluster)
     if not nodes:
         return []
-    if nodes[0].host.driver == DriverKind.LOCAL:
-        folder = Path(checkpoint_dir(job))
-        return volt_ckpt.scan(str(folder)) if folder.is_dir() else []
-    workdir = ray_nodes.workdir_for(ray_cluster_id(job.cluster))
+    head = nodes[0]
     folder = checkpoint_dir(job).replace("${HOME}", "$HOME")
-    with inventory.driver_for(nodes[0].host) as driver:
-        driver.copy_file(WORKLOADS_DIR / CKPT_MODULE, f"{workdir}/{CKPT_MODULE}")
-        # No folder yet: no checkpoints. A scan that fails (no Python, the module missing) is an error, not
-        # "no checkpoints": recovery would resume from scratch without a word.
-        command = f'if [ -d "{folder}" ]; then cd ~/{workdir} && {shlex.quote(settings.VOLT_HOST_PYTHON)} {CKPT_MODULE} scan "{folder}"; else echo "[]"; fi'
+    with inventory.driver_for(head.host) as driver:
+        if head.host.driver == DriverKind.LOCAL:
+            module, python = str(WORKLOADS_DIR / CKPT_MODULE), local_runtime.python_for_local_hosts()
+        else:
+            workdir = ray_nodes.workdir_for(ray_cluster_id(job.cluster))
+            driver.copy_file(WORKLOADS_DIR / CKPT_MODULE, f"{workdir}/{CKPT_MODULE}")
+            module, python = f"$HOME/{workdir}/{CKPT_MODULE}", settings.VOLT_HOST_PYTHON
+        # No folder yet: no checkpoints. A scan that fails (no Python, the module missing, a folder the
+        # cluster's user cannot read) is an error, not "no checkpoints": recovery would resume from scratch
+        # without a word. The module is read by Volt's shell and handed over as code: the cluster's user
+        # need not reach Volt's source, and runs it with nothing of Volt's environment.
+        switch = node_user_prefix(job.cluster, head.host)
+        clean = "env -i PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 " if switch else ""
+        command = (
+            f'if [ -d "{folder}" ]; then code="$(cat "{module}")" && '
+            f'{switch}{clean}{shlex.quote(python)} -c "$code" scan "{folder}"; else echo "[]"; fi'
+        )
         result = driver.run(command, timeout=60)
     if not result.ok:
         raise DriverError(f"checkpoint scan failed on {nodes[0].host.name}: {result.stderr.strip()[:300]}")
