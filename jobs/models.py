@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from clusters.models import Cluster
 from jobs.choices import JobStatus
+from voltweb import crypto
 from voltweb.models import Team
 
 
@@ -23,7 +26,9 @@ class Job(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     name = models.CharField(max_length=100)
     entrypoint = models.TextField(help_text="Shell command Ray runs in the job's working dir.")
-    env = models.JSONField(default=dict, blank=True, help_text="The caller's environment variables.")
+    env_encrypted = models.TextField(
+        blank=True, help_text="The caller's environment variables: JSON, Fernet-encrypted at rest (`env`)."
+    )
     checkpoint_every = models.PositiveIntegerField(default=10, help_text="Steps between checkpoints.")
     is_demo = models.BooleanField(default=False, help_text="The demo workload shipped with Volt.")
     working_dir = models.CharField(
@@ -54,6 +59,16 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name} ({self.status})"
+
+    # A job's environment often carries the team's credentials (a dataset token, a tracker key): encrypted at
+    # rest like the other secrets (voltweb/crypto.py), so a copy of the database does not give them away.
+    @property
+    def env(self) -> dict[str, str]:
+        return json.loads(crypto.decrypt(self.env_encrypted)) if self.env_encrypted else {}
+
+    @env.setter
+    def env(self, value: dict[str, str]) -> None:
+        self.env_encrypted = crypto.encrypt(json.dumps(dict(value or {}), sort_keys=True)) if value else ""
 
     # The contract's names (JOBS_CONTRACT.md) for the timestamps.
     @property

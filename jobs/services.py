@@ -56,7 +56,7 @@ from inventory.drivers.base import DriverError
 from jobs import transitions
 from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
 from jobs.models import Checkpoint, Job, JobEvent, JobLogChunk
-from voltweb import namespace, realtime
+from voltweb import datadir, namespace, realtime
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -231,7 +231,8 @@ def _enqueue_start(job_id: int) -> None:
 
 
 def workdirs_root() -> Path:
-    return Path(settings.VOLT_DATA_DIR) / "job-workdirs"
+    """Volt's copies of the jobs' code (a team's, not for other clusters' users to read): 0700."""
+    return datadir.private_dir(Path(settings.VOLT_DATA_DIR) / "job-workdirs")
 
 
 def prepare_working_dir(job: Job, source: Path | None) -> Path:

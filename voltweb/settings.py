@@ -15,7 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from voltweb import namespace
+from voltweb import datadir, namespace
 from voltweb.env import env_bool, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -95,8 +95,9 @@ try:
     DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is invalid: {exc}") from None
+_sqlite = DATABASES["default"]["ENGINE"].endswith("sqlite3") and DATABASES["default"]["NAME"] != ":memory:"
+datadir.make_private(VOLT_DATA_DIR, Path(DATABASES["default"]["NAME"]) if _sqlite else None)
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # The demo's web server and Celery worker share the file; wait for locks instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -307,6 +308,14 @@ if VOLT_LOCAL_FABRIC_EMULATION not in ("auto", "off"):
 VOLT_LOCAL_FABRIC_SCALE = env_float("VOLT_LOCAL_FABRIC_SCALE", 0.00025, minimum=1e-7, maximum=1.0)
 VOLT_LINK_FLAP_PERIOD_S = env_float("VOLT_LINK_FLAP_PERIOD_S", 3.0, minimum=0.5, maximum=600.0)
 VOLT_LINK_FLAP_MAX_S = env_float("VOLT_LINK_FLAP_MAX_S", 3600.0, minimum=1.0, maximum=86400.0)
+# TCP ports of Volt's own services on this machine that cluster users may not open (local hosts, as root:
+# clusters/provisioning/node_firewall.py): the web server's; the database's and Redis's come from their URLs.
+VOLT_SERVICE_PORTS = env_list("VOLT_SERVICE_PORTS", ["8000"])
+if not all(p.isdigit() and 0 < int(p) < 65536 for p in VOLT_SERVICE_PORTS):
+    raise ImproperlyConfigured(
+        "VOLT_SERVICE_PORTS must be comma-separated TCP ports (1-65535), e.g. 8000,8443"
+    )
+VOLT_SERVICE_PORTS = [int(p) for p in VOLT_SERVICE_PORTS]
 # Python that runs `ray start` on ssh hosts (local hosts use the local runtime, below).
 VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
 # The venv local hosts run Ray, the probe and job drivers from (inventory/local_runtime.py; built by

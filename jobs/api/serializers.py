@@ -61,6 +61,9 @@ class JobSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     gpu_hours_lost = serializers.SerializerMethodField(help_text="GPU-hours lost to node failures (recoveries).")
+    env = serializers.DictField(
+        child=serializers.CharField(), read_only=True, help_text="The caller's environment variables."
+    )
 
     class Meta:
         model = Job
