@@ -223,6 +223,16 @@ def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str
     local = any(n.host.driver == DriverKind.LOCAL for n in nodes)
     if local and run_as is None and not cluster.events.filter(message=tenancy.NOT_ISOLATED).exists():
         note(cluster, tenancy.NOT_ISOLATED)
+    if run_as is not None:
+        local_drivers = [d for n, d in zip(nodes, drivers, strict=True) if n.host.driver == DriverKind.LOCAL]
+        try:
+            closed = tenancy.close_volt_ports(cluster, local_drivers)
+        except DriverError as exc:
+            raise HostsFailed(
+                [n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)
+            ) from exc
+        if not closed and not cluster.events.filter(message=tenancy.NOT_FIREWALLED).exists():
+            note(cluster, tenancy.NOT_FIREWALLED)
     return run_as
 
 
@@ -241,6 +251,7 @@ def _start(
         "env": {**_node_env(node.host), **_join_patience(head_address), **_health_checks(head_address)},
         "auth_token": ray_auth_token(cluster),
         "run_as": run_as if local else None,
+        "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
     }
     try:
         if head_address is None:
@@ -464,7 +475,13 @@ def _probe_host(cluster: Cluster, node: ClusterNode, driver) -> launch.ProbeHost
         **_node_env(node.host),
     }
     run_as = (cluster.node_user or None) if local else None
-    prefix = ray_nodes.launcher(tenancy.node_temp_dir(cluster, node), run_as, env, python)
+    prefix = ray_nodes.launcher(
+        tenancy.node_temp_dir(cluster, node),
+        run_as,
+        env,
+        python,
+        tenancy.volt_socket_dirs() if run_as else (),
+    )
     return launch.ProbeHost(driver, node.host.address, python, prefix)
 
 

@@ -15,19 +15,24 @@ from __future__ import annotations
 import secrets
 import shlex
 from pathlib import Path
+from urllib.parse import urlparse
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 
 from clusters.models import Cluster, ClusterNode
-from clusters.provisioning import node_users
+from clusters.provisioning import node_firewall, node_users
 from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError, HostDriver
 from voltweb import crypto, namespace
 
+NOT_FIREWALLED = (
+    "Volt cannot close its own service ports (database, Redis, web) to the cluster's user here (`nft` is "
+    "missing: install nftables): its jobs can open connections to them"
+)
 NOT_ISOLATED = (
     "Ray runs as Volt's own Unix user on the local hosts (Volt is not root here, or there is no local Ray "
     "runtime other users can run: `manage.py local_runtime` builds it), so it cannot run Ray as a user of "
@@ -106,6 +111,50 @@ def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[H
     return name
 
 
+def volt_service_ports() -> set[int]:
+    """TCP ports of Volt's own services on this machine, closed to cluster users (node_firewall): the
+    database's and Redis's (from their URLs) and VOLT_SERVICE_PORTS (the web server's; the demo adds its)."""
+    ports = {int(p) for p in settings.VOLT_SERVICE_PORTS}
+    database = settings.DATABASES["default"]
+    if "postgresql" in database["ENGINE"]:
+        ports.add(int(database.get("PORT") or 5432))
+    for url in {settings.REDIS_URL, settings.CELERY_BROKER_URL}:
+        parsed = urlparse(url)
+        if parsed.scheme in ("redis", "rediss"):
+            ports.add(parsed.port or 6379)
+    return ports
+
+
+def volt_socket_dirs() -> list[str]:
+    """Folders of Volt's services' Unix sockets, hidden from cluster nodes (node_firewall.hide_prefix):
+    PostgreSQL's (libpq's default folder, or DATABASE_URL's when it names one) and a unix:// Redis's."""
+    folders = []
+    database = settings.DATABASES["default"]
+    if "postgresql" in database["ENGINE"]:
+        host = str(database.get("HOST") or "")
+        folders += [host] if host.startswith("/") else ["/run/postgresql", "/var/run/postgresql"]
+    for url in {settings.REDIS_URL, settings.CELERY_BROKER_URL}:
+        parsed = urlparse(url)
+        if parsed.scheme == "unix" and parsed.path:
+            folders.append(str(Path(parsed.path).parent))
+    return folders
+
+
+def close_volt_ports(cluster: Cluster, drivers: list[HostDriver]) -> bool:
+    """Refuse the cluster's user every connection to Volt's service ports on this machine; True when the
+    rule is in place, False when it cannot be (no `nft`; the caller says so on the timeline: NOT_FIREWALLED).
+    Local hosts share this machine: one rule serves every node. Raises DriverError."""
+    if not cluster.node_user or not drivers:
+        return False
+    driver = drivers[0]
+    uid = node_users.uid_of(driver, cluster.node_user)
+    if uid is None:
+        raise node_users.UserSetupFailed(
+            f"the cluster's user {cluster.node_user} is missing on {driver.address}"
+        )
+    return node_firewall.admit(driver, namespace.current_id(), uid, volt_service_ports())
+
+
 def remove_node_user(cluster: Cluster) -> list[str]:
     """Remove the cluster's Unix user, its processes and temp dirs; disown its storage. Problems, or []."""
     every = list(cluster.nodes.select_related("host__provider"))
@@ -116,12 +165,15 @@ def remove_node_user(cluster: Cluster) -> list[str]:
     for host in local:  # one machine: any of its hosts that answers will do (one may be the broken one)
         try:
             with inventory.driver_for(host) as driver:
+                uid = node_users.uid_of(driver, cluster.node_user)
                 node_users.remove_user(
                     driver,
                     cluster.node_user,
                     remove_dirs=[node_temp_dir(cluster, n) for n in every if n.slot is not None],
                     disown_dirs=[str(shared_storage_dir(cluster))],
                 )
+                if uid is not None:  # after its processes are gone: none may slip through in between
+                    node_firewall.release(driver, namespace.current_id(), uid)
             return []
         except DriverError as exc:
             problems.append(f"user {cluster.node_user} via {host.name}: {exc}")

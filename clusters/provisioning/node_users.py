@@ -63,6 +63,14 @@ def ensure_user(driver: HostDriver, name: str, timeout: float = 60) -> bool:
     return True
 
 
+def uid_of(driver: HostDriver, name: str, timeout: float = 20) -> int | None:
+    """The user's uid on the host, or None when there is no such user."""
+    _check(name)
+    result = driver.run(f"id -u {shlex.quote(name)} 2>/dev/null || true", timeout=timeout)
+    match = re.search(r"^(\d+)$", result.stdout, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
 def remove_user(
     driver: HostDriver,
     name: str,

@@ -69,6 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from clusters.provisioning import node_firewall
 from clusters.provisioning.ray_http import (  # noqa: F401 - re-exported: callers use ray_nodes.<name>
     JobTimedOut,
     NodesNotReady,
@@ -250,6 +251,7 @@ def _start_node(
     node_ip: str | None = None,
     auth_token: str | None = None,
     run_as: str | None = None,
+    hidden_paths: Sequence[str] = (),
 ) -> NodeHandle:
     _check_temp_dir(temp_dir)
     if run_as is not None and not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", run_as):
@@ -307,7 +309,7 @@ def _start_node(
             "rm -f node.pid",
             f"printf '%s\\n' {shlex.quote(json.dumps(meta))} > node.json",
             *_temp_dir_lines(temp_dir, run_as, auth_token is not None),
-            f"setsid nohup {launcher(temp_dir, run_as, node_env, python)} {' '.join(command)} "
+            f"setsid nohup {launcher(temp_dir, run_as, node_env, python, hidden_paths)} {' '.join(command)} "
             "> ray-node.log 2>&1 < /dev/null 9>&- &",
             "pid=$!",
             'echo "$pid $pid" > node.pid',  # setsid made it the leader of its own session and group
@@ -387,13 +389,21 @@ def _temp_dir_lines(temp_dir: str, run_as: str | None, with_token: bool) -> list
 
 
 def launcher(
-    temp_dir: str, run_as: str | None, node_env: Mapping[str, str], python: str | None = None
+    temp_dir: str,
+    run_as: str | None,
+    node_env: Mapping[str, str],
+    python: str | None = None,
+    hidden_paths: Sequence[str] = (),
 ) -> str:
-    """`[setpriv ...] env -i -C <temp dir> <allowlist> <node env>`: what precedes `ray start`.
+    """`[unshare ...] [setpriv ...] env -i -C <temp dir> <allowlist> <node env>`: what precedes `ray start`.
 
     With an absolute `python`, its folder comes first on the node's PATH: a job's `python ...` entrypoint
-    runs the node's own runtime (the Ray and torch the cluster runs), not whatever else is on PATH."""
+    runs the node's own runtime (the Ray and torch the cluster runs), not whatever else is on PATH. With
+    `run_as` (so root), `hidden_paths` are covered by an empty tmpfs in the node's own mount namespace
+    (node_firewall.hide_prefix: the Unix sockets of Volt's services)."""
     switch = f"setpriv --reuid={run_as} --regid={run_as} --clear-groups -- " if run_as else ""
+    if run_as:
+        switch = node_firewall.hide_prefix(hidden_paths) + switch
     folder = python.rsplit("/", 1)[0] if python and python.startswith("/") else ""
     first = f"{folder}:" if re.match(r"^/[A-Za-z0-9_./+-]*$", folder) else ""
     passthrough = " ".join(

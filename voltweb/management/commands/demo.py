@@ -62,7 +62,9 @@ class Command(BaseCommand):
 
         inventory.sync_local_fabric()  # local links shaped while the demo runs (root), or a note why not
         self.stdout.write(f"Local links: {inventory.unavailable_reason() or 'emulated (shaped on lo)'}.")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", REDIS_URL=redis_url)
+        # The web port is one of Volt's own: cluster users may not open it (clusters/provisioning/node_firewall.py).
+        service_ports = ",".join(str(p) for p in sorted({*settings.VOLT_SERVICE_PORTS, port}))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", REDIS_URL=redis_url, VOLT_SERVICE_PORTS=service_ports)
 
         python = sys.executable
         # Jobs get a worker of their own: a probe or a provisioning (minutes) must not hold up a job's
