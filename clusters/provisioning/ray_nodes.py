@@ -376,8 +376,15 @@ def _find_token_lines(cluster_id: str) -> list[str]:
 def _temp_dir_lines(temp_dir: str, run_as: str | None, with_token: bool) -> list[str]:
     """The node's temp dir, owned by the user Ray runs as, with the token in it readable by that user only."""
     quoted = shlex.quote(temp_dir)
+    parent = shlex.quote(temp_dir.rsplit("/", 1)[0] or "/")
     lines = [f"mkdir -p {quoted}"]
     if run_as:
+        # The folder is handed to the cluster's user, and root writes the token into it: neither it nor its
+        # parent may be a link or another user's (a job of another cluster planting one for a later node).
+        lines.append(
+            f'if [ -L {quoted} ] || [ "$(stat -c %u {parent})" != "$(id -u)" ]; then '
+            "echo 'the node temp dir is a link or its parent is not ours: refusing it' >&2; exit 5; fi"
+        )
         lines.append(f"chown -R {run_as}:{run_as} {quoted}")
     if with_token:
         owner = f"-o {run_as} -g {run_as} " if run_as else ""

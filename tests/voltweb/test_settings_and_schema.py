@@ -13,8 +13,8 @@ PRODUCTION = {
     "DEBUG": "0",
     "SECRET_KEY": "x" * 20 + "-production-secret-with-enough-entropy-0123456789",
     "ALLOWED_HOSTS": "volt.example.com",
-    "DATABASE_URL": "postgres://volt@db.internal:5432/volt",
-    "REDIS_URL": "redis://redis.internal:6379/0",
+    "DATABASE_URL": "postgres://volt:db-password@db.internal:5432/volt",
+    "REDIS_URL": "redis://volt:redis-password@redis.internal:6379/0",
 }
 
 
@@ -52,6 +52,20 @@ def test_deploy_check_is_clean_with_production_settings():
     result = manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "check"),
+    [
+        ("REDIS_URL", "redis://redis.internal:6379/0", "volt.W001"),
+        ("DATABASE_URL", "postgres://volt@db.internal:5432/volt", "volt.W002"),
+    ],
+)
+def test_deploy_check_wants_a_password_on_redis_and_postgresql(variable, url, check):
+    """Jobs are hostile code: a Redis or PostgreSQL that trusts whoever connects is one firewall away."""
+    result = manage("check", "--deploy", "--fail-level", "WARNING", env={**PRODUCTION, variable: url})
+    assert result.returncode != 0
+    assert check in result.stderr and "has no password" in result.stderr
 
 
 def test_openapi_schema_generates_without_warnings(tmp_path):
