@@ -21,6 +21,7 @@ from django.utils import timezone
 from clusters import placement, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Allocation, Cluster, ClusterNode
+from clusters.placement.bandwidth import format_gbps
 from inventory import services as inventory
 from inventory.choices import HostState
 from inventory.models import GPU, Host
@@ -102,7 +103,7 @@ def create_allocations(cluster: Cluster, plan: placement.Plan, ranks=None, head:
 
 
 def _placed_message(plan: placement.Plan) -> str:
-    figures = f"predicted busbw {plan.predicted_busbw_gbps:.1f} GB/s, " if plan.predicted_busbw_gbps else ""
+    figures = f"predicted busbw {format_gbps(plan.predicted_busbw_gbps)} GB/s, " if plan.predicted_busbw_gbps else ""
     return (
         f"placed {len(plan.nodes)} x {len(plan.nodes[0].gpu_indices)} {plan.model} within one "
         f"{plan.spanned_level}: {figures}${plan.price_per_hour:.2f}/hour"

@@ -22,6 +22,7 @@ from django.utils import timezone
 from clusters import metrics, provision, ray_head
 from clusters.choices import WATCHED, ClusterStatus, MetricSource
 from clusters.models import Cluster, ClusterEvent
+from clusters.placement.bandwidth import format_gbps
 from clusters.probes import allreduce
 from voltweb import realtime
 from voltweb.taskutils import enqueue_on_commit
@@ -118,7 +119,9 @@ def _probe(cluster: Cluster) -> dict | None:
     measured = result.get("max_busbw_gbps") or 0.0
     metrics.record_busbw(cluster, measured, MetricSource.PROBE)
     alert = alert_for(cluster, result, {n.host.address: n.host.name for n in nodes})
-    summary = f"probe: max busbw {measured:.2f} GB/s over {result['nodes']} ranks ({result['backend']})"
+    summary = (
+        f"probe: max busbw {format_gbps(measured, 2)} GB/s over {result['nodes']} ranks ({result['backend']})"
+    )
     _finish(cluster, result, summary + (f"; {alert}" if alert else ""), alert=alert, measured=measured)
     return result
 
@@ -131,15 +134,15 @@ def alert_for(cluster: Cluster, result: dict, names_by_ip: dict[str, str]) -> st
     if measured is None or not predicted or measured >= fraction * predicted:
         return ""
     text = (
-        f"all-reduce busbw {measured:.2f} GB/s is {measured / predicted:.0%} of the predicted "
-        f"{predicted:.1f} GB/s (alert below {fraction:.0%})"
+        f"all-reduce busbw {format_gbps(measured, 2)} GB/s is {measured / predicted:.0%} of the predicted "
+        f"{format_gbps(predicted, 1)} GB/s (alert below {fraction:.0%})"
     )
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     if slow is not None:
         name = names_by_ip.get(slow["node_ip"], slow["node_ip"])
         text += (
-            f"; slowest host: {name} ({slow['what']} {slow['gbps']:.2f} GB/s, "
-            f"{slow['ratio']:.0%} of the others' {slow['others_gbps']:.2f} GB/s)"
+            f"; slowest host: {name} ({slow['what']} {format_gbps(slow['gbps'], 2)} GB/s, "
+            f"{slow['ratio']:.0%} of the others' {format_gbps(slow['others_gbps'], 2)} GB/s)"
         )
     return text
 
@@ -148,7 +151,11 @@ def _finish(cluster: Cluster, result, message: str, alert: str = "", measured: f
     now = timezone.now()
     fields = {"last_probe_at": now, "bandwidth_alert": alert, "updated_at": now}
     if measured is not None:
+        # One answer per probe: the headline figure, the size table, the per-host rows and the API's
+        # `probe_result` all come from the latest probe (earlier ones stay in the timeline and the chart).
         fields["measured_busbw_gbps"] = measured
+        fields["probe_result"] = result
+        fields["bandwidth_flagged"] = bool(alert) and bool((result or {}).get("links_emulated", True))
     Cluster.objects.filter(pk=cluster.pk).update(**fields)
     _timeline(cluster, message)
     realtime.broadcast(

@@ -15,6 +15,7 @@ from clusters.choices import (
     RecoveryStatus,
     Verdict,
 )
+from clusters.placement.bandwidth import format_gbps
 from inventory.models import GPU, Host
 from voltweb.models import Team
 
@@ -197,7 +198,7 @@ class BandwidthSample(models.Model):
         indexes = [models.Index(fields=["level", "domain_id", "-measured_at"], name="bwsample_domain_idx")]
 
     def __str__(self) -> str:
-        return f"{self.level}:{self.domain_id} {self.busbw_gbps:.1f} GB/s"
+        return f"{self.level}:{self.domain_id} {format_gbps(self.busbw_gbps)} GB/s"
 
 
 # --- telemetry (clusters/watch.py, clusters/metrics.py) ----------------------------------------------

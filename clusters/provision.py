@@ -32,6 +32,7 @@ from django.utils import timezone
 from clusters import allocations, metrics, placement, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
+from clusters.placement.bandwidth import format_gbps
 from clusters.probes import allreduce, launch
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
@@ -248,10 +249,15 @@ def _start(
         "host_id": node.host_id,
         "temp_dir": tenancy.node_temp_dir(cluster, node),
         "python": python_for(node.host),
-        "env": {**_node_env(node.host), **_join_patience(head_address), **_health_checks(head_address)},
+        "env": {
+            **_node_env(node.host, own_hostname=bool(local and run_as)),
+            **_join_patience(head_address),
+            **_health_checks(head_address),
+        },
         "auth_token": ray_auth_token(cluster),
         "run_as": run_as if local else None,
         "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
+        "hostname": node.host.address if local and run_as else None,
     }
     try:
         if head_address is None:
@@ -300,9 +306,13 @@ def python_for(host: Host) -> str:
     )
 
 
-def _node_env(host: Host) -> dict[str, str]:
-    # gloo takes its address from the hostname; on local hosts keep it on loopback (DESIGN.md).
-    return {"GLOO_SOCKET_IFNAME": "lo"} if host.driver == DriverKind.LOCAL else {}
+def _node_env(host: Host, own_hostname: bool = False) -> dict[str, str]:
+    """gloo takes its address from the host name. A local host's node with a host name of its own (its
+    address: as root, ray_nodes' `hostname`) binds there, as a real host does; otherwise it is kept on
+    loopback (DESIGN.md), where the emulated fabric cannot shape it (127.0.0.1 is never shaped)."""
+    if host.driver != DriverKind.LOCAL or own_hostname:
+        return {}
+    return {"GLOO_SOCKET_IFNAME": "lo"}
 
 
 def _join_patience(head_address: str | None) -> dict[str, str]:
@@ -520,8 +530,8 @@ def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
     node = next((n for n in nodes if slow and n.host.address == slow["node_ip"]), None)
     if node is not None:
         message += (
-            f"; {node.host.name} is the slowest host: {slow['what']} {slow['gbps']:.2f} GB/s, "
-            f"{slow['ratio']:.0%} of the other hosts' {slow['others_gbps']:.2f} GB/s"
+            f"; {node.host.name} is the slowest host: {slow['what']} {format_gbps(slow['gbps'], 2)} GB/s, "
+            f"{slow['ratio']:.0%} of the other hosts' {format_gbps(slow['others_gbps'], 2)} GB/s"
         )
     # Over plain loopback the prediction says nothing (never flagged), so the hosts' relative verdict
     # alone decides, as it did when such clusters were always flagged against their declared fabric.
@@ -579,14 +589,14 @@ def _flagged(cluster: Cluster, result: dict | None) -> bool:
 def _probe_summary(cluster: Cluster, result: dict) -> str:
     measured = result.get("max_busbw_gbps") or 0.0
     predicted = cluster.predicted_busbw_gbps
-    ratio = f" ({measured / predicted:.1%} of the predicted {predicted:.1f} GB/s)" if predicted else ""
+    ratio = (
+        f" ({measured / predicted:.1%} of the predicted {format_gbps(predicted, 1)} GB/s)" if predicted else ""
+    )
     if not result.get("links_emulated", True):
         ratio = " (local hosts, links not emulated: plain loopback, not compared with the prediction)"
     sizes = result.get("sizes_bytes") or []
     ran = f"; sizes {sizes[0] // 1024} KB-{sizes[-1] // 1024} KB" if sizes else ""
-    return (
-        f"probe: {result['nodes']} ranks over {result['backend']}, max busbw {measured:.2f} GB/s{ratio}{ran}"
-    )
+    return f"probe: {result['nodes']} ranks over {result['backend']}, max busbw {format_gbps(measured, 2)} GB/s{ratio}{ran}"
 
 
 def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
@@ -780,7 +790,40 @@ def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Pla
     why = _LEVEL_WHY[level]
     reason = f"replaced {', '.join(failed_names)} by {names}: {why}"
     note(cluster, reason)
+    refresh_plan(cluster, f"{', '.join(failed_names)} replaced by {names}")
     return Replacement(failed=failed_names, hosts=hosts, level=level, reason=reason)
+
+
+def refresh_plan(cluster: Cluster, why: str) -> None:
+    """After a change of the cluster's nodes: the plan, span, predicted busbw and reference all-reduce time
+    of the nodes it now has (placement.plan_for_nodes), stored before any probe is judged against them.
+    The earlier figures stay on the timeline, in the line this writes."""
+    from clusters.services import measured_bandwidth, plan_as_json, snapshots_of, to_request
+
+    nodes = active_nodes(cluster)
+    if not nodes:
+        return
+    snapshots = snapshots_of([n.host_id for n in nodes])
+    pairs = [(snapshots[str(n.host_id)], tuple(n.gpu_indices)) for n in nodes]
+    head = next((n for n in nodes if n.is_head), nodes[0])
+    price = sum(float(n.host.price_per_gpu_hour) * len(n.gpu_indices) for n in nodes)
+    plan = placement.plan_for_nodes(
+        to_request(cluster.spec), pairs, str(head.host_id), price, measured_bandwidth(), f"after: {why}"
+    )
+    before_level = (cluster.plan or {}).get("spanned_level") or "host"
+    before_busbw = cluster.predicted_busbw_gbps
+    Cluster.objects.filter(pk=cluster.pk).update(
+        plan=plan_as_json(plan),
+        predicted_busbw_gbps=plan.predicted_busbw_gbps,
+        predicted_allreduce_s=plan.predicted_allreduce_s,
+    )
+    cluster.refresh_from_db(fields=["plan", "predicted_busbw_gbps", "predicted_allreduce_s"])
+    figures = (
+        f"predicted busbw {format_gbps(plan.predicted_busbw_gbps)} GB/s (was {format_gbps(before_busbw)})"
+        if plan.predicted_busbw_gbps or before_busbw
+        else "one node: no inter-node figure"
+    )
+    note(cluster, f"plan now: spans one {plan.spanned_level} (was {before_level}), {figures}")
 
 
 _LEVEL_WHY = {

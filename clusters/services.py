@@ -105,28 +105,38 @@ def candidate_snapshots(
         hosts = hosts.exclude(_serving_other_team(team_id))
     if narrow:
         hosts = _hard_filters(hosts, request)
-    rows = hosts.values_list(
-        "id",
-        "provider_id",
-        "gpu_model",
-        "free_gpu_map",
-        "gpu_count",
-        "site__region",
-        "site_id",
-        "fabric_id",
-        "block_id",
-        "fabric__kind",
-        "fabric__per_host_gbytes_per_s",
-        "fabric__oversubscription",
-        "site__backbone_gbytes_per_s",
-        "price_per_gpu_hour",
-        "reliability",
-        "nvlink_domain_size",
-        "pcie_topology",
-        "driver",
-    )
+    rows = hosts.values_list(*_SNAPSHOT_FIELDS)
     scales = {driver: inventory.bandwidth_scale(driver) for driver in ("local", "ssh")}
     return [_snapshot(row, scales) for row in rows.iterator(chunk_size=5000)]
+
+
+_SNAPSHOT_FIELDS = (
+    "id",
+    "provider_id",
+    "gpu_model",
+    "free_gpu_map",
+    "gpu_count",
+    "site__region",
+    "site_id",
+    "fabric_id",
+    "block_id",
+    "fabric__kind",
+    "fabric__per_host_gbytes_per_s",
+    "fabric__oversubscription",
+    "site__backbone_gbytes_per_s",
+    "price_per_gpu_hour",
+    "reliability",
+    "nvlink_domain_size",
+    "pcie_topology",
+    "driver",
+)
+
+
+def snapshots_of(host_ids: list[int]) -> dict[str, placement.HostSnapshot]:
+    """Snapshots of exactly these hosts, whatever they hold (a cluster's own hosts), by host id."""
+    scales = {driver: inventory.bandwidth_scale(driver) for driver in ("local", "ssh")}
+    rows = Host.objects.filter(pk__in=host_ids).values_list(*_SNAPSHOT_FIELDS)
+    return {str(row[0]): _snapshot(row, scales) for row in rows}
 
 
 def _fitting_hosts(request: placement.PlacementRequest) -> QuerySet[Host]:

@@ -14,7 +14,7 @@ from .bandwidth import (
     lowest_common_level,
 )
 from .baseline import best_fit, first_fit
-from .engine import WARNING_PREFIX, as_inventory, plan, validate
+from .engine import WARNING_PREFIX, as_inventory, plan, plan_for_nodes, validate
 from .index import Inventory
 from .types import (
     COLLECTIVE,
@@ -67,5 +67,6 @@ __all__ = [
     "level_caps_gbps",
     "lowest_common_level",
     "plan",
+    "plan_for_nodes",
     "validate",
 ]

@@ -55,6 +55,19 @@ DECLARED_HOST_GBPS: dict[str, float] = {
 }
 
 
+def format_gbps(value: float | None, places: int = 1) -> str:
+    """A bandwidth in GB/s that never rounds to 0.0: `places` fixed decimals from 0.1 GB/s up, two
+    significant digits below. Emulated links run at the declared figures x VOLT_LOCAL_FABRIC_SCALE (a site
+    backbone 0.003 GB/s), which fixed places printed as "0.0 GB/s". One rule for pages (the `gbps`
+    filter), the timeline and the API's messages."""
+    if value is None:
+        return "—"
+    number = float(value)
+    if number == 0 or abs(number) >= 0.1:
+        return f"{number:.{int(places)}f}"
+    return f"{number:.2g}"
+
+
 def measured_key(host: HostSnapshot, level: Level) -> tuple[str, str]:
     """The key a measured busbw sample for `host`'s domain at `level` is stored under."""
     path = host.path

@@ -42,6 +42,7 @@ from .bandwidth import (
     describe_level_sources,
     hop_gbps,
     level_caps_gbps,
+    lowest_common_level,
     measured_notes,
 )
 from .index import Inventory, _Entry, _Group, _Shape
@@ -429,6 +430,46 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
         price_per_hour=round(choice.option.price_per_hour, 6),
         explanation=tuple(explanation),
         stage_order=stages,
+    )
+
+
+def plan_for_nodes(
+    request: PlacementRequest,
+    nodes: Iterable[tuple[HostSnapshot, tuple[int, ...]]],
+    head_host_id: str,
+    price_per_hour: float,
+    measured: Measured | None = None,
+    why: str = "",
+) -> Plan:
+    """The Plan of nodes already chosen (a cluster after a recovery swapped some): nothing is picked, the
+    span, the predicted busbw and the reference all-reduce time are what these hosts give, by the same
+    model a fresh plan uses — so a probe is judged against the cluster as it now is."""
+    entries = sorted(nodes, key=lambda pair: (pair[0].path.domain(Level.BLOCK), pair[0].host_id))
+    hosts = [host for host, _ in entries]
+    busbw = cluster_busbw_gbps(hosts, measured)
+    level = lowest_common_level(hosts) if busbw is not None else None
+    explanation = [why] if why else []
+    seconds = None
+    if busbw is not None and level is not None:
+        explanation += measured_notes(hosts, measured)
+        seconds = allreduce_seconds(request.reference_gradient_bytes, len(hosts), busbw, level)
+        explanation.append(
+            f"current nodes span one {level}: predicted busbw {busbw:g} GB/s; ring all-reduce of a "
+            f"{request.reference_gradient_bytes / 1e9:g} GB gradient: {seconds:.4g} s"
+        )
+        if request.is_collective() and level in _WAN_LEVELS:
+            explanation.append(_wan_note(request, level, busbw, hosts, measured))
+    return Plan(
+        model=hosts[0].gpu_model,
+        nodes=tuple(NodeAssignment(host.host_id, gpus) for host, gpus in entries),
+        head_host_id=head_host_id,
+        spanned_level=str(level) if level is not None else "host",
+        spanned_domain=hosts[0].path.domain(level) if level is not None else (hosts[0].host_id,),
+        predicted_busbw_gbps=busbw,
+        predicted_allreduce_s=seconds,
+        price_per_hour=round(price_per_hour, 6),
+        explanation=tuple(explanation),
+        stage_order=_stage_order(request, hosts),
     )
 
 

@@ -30,6 +30,7 @@ NOT_ROOT = "VOLT_NOT_ROOT"
 LOCK = "/tmp/volt-nft.lock"  # one nft transaction at a time on the machine (admit and release race)
 _INSTALL = re.compile(r"^[a-f0-9]{1,16}$")
 _PATH = re.compile(r"^/[A-Za-z0-9_./@+-]*$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
 
 
 class FirewallFailed(DriverError):
@@ -118,16 +119,25 @@ def remove_table(driver: HostDriver, install_id: str, timeout: float = 30) -> No
     )
 
 
-def hide_prefix(paths: Sequence[str]) -> str:
+def hide_prefix(paths: Sequence[str], hostname: str | None = None) -> str:
     """`unshare ... -- sh -c '...' volt-node ` that runs what follows in a private mount namespace where an
-    empty tmpfs covers each existing folder of `paths` (Unix sockets of Volt's services). Needs root; ""
-    when there is nothing to hide. A mount that fails stops the node from starting (fail closed)."""
+    empty tmpfs covers each existing folder of `paths` (Unix sockets of Volt's services) and, with
+    `hostname`, in a UTS namespace of its own named so. Needs root; "" when there is nothing to do. A step
+    that fails stops the node from starting (fail closed).
+
+    The host name is a local host's address (127.0.0.N): gloo, unless told otherwise, binds to what the
+    host name resolves to, so a job's collectives leave from and listen on its host's address like a real
+    host's — on 127.0.0.1 every local host's traffic escaped the emulated fabric's shaping."""
     folders = [p for p in paths if p and _PATH.match(p)]
-    if not folders:
+    name = hostname if hostname and _HOSTNAME.match(hostname) else None
+    if not folders and not name:
         return ""
-    body = (
-        f"for d in {' '.join(shlex.quote(f) for f in folders)}; do "
-        'if [ -d "$d" ]; then mount -t tmpfs -o size=4k,mode=0755 volt-hidden "$d" || exit 7; fi; done; '
-        'exec "$@"'
-    )
-    return f"unshare --mount --propagation private -- sh -c {shlex.quote(body)} volt-node "
+    steps = [f"hostname {shlex.quote(name)} || exit 7"] if name else []
+    if folders:
+        steps.append(
+            f"for d in {' '.join(shlex.quote(f) for f in folders)}; do "
+            'if [ -d "$d" ]; then mount -t tmpfs -o size=4k,mode=0755 volt-hidden "$d" || exit 7; fi; done'
+        )
+    flags = "--mount --uts" if name else "--mount"
+    body = "; ".join([*steps, 'exec "$@"'])
+    return f"unshare {flags} --propagation private -- sh -c {shlex.quote(body)} volt-node "

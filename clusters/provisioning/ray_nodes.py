@@ -252,6 +252,7 @@ def _start_node(
     auth_token: str | None = None,
     run_as: str | None = None,
     hidden_paths: Sequence[str] = (),
+    hostname: str | None = None,
 ) -> NodeHandle:
     _check_temp_dir(temp_dir)
     if run_as is not None and not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", run_as):
@@ -309,7 +310,7 @@ def _start_node(
             "rm -f node.pid",
             f"printf '%s\\n' {shlex.quote(json.dumps(meta))} > node.json",
             *_temp_dir_lines(temp_dir, run_as, auth_token is not None),
-            f"setsid nohup {launcher(temp_dir, run_as, node_env, python, hidden_paths)} {' '.join(command)} "
+            f"setsid nohup {launcher(temp_dir, run_as, node_env, python, hidden_paths, hostname)} {' '.join(command)} "
             "> ray-node.log 2>&1 < /dev/null 9>&- &",
             "pid=$!",
             'echo "$pid $pid" > node.pid',  # setsid made it the leader of its own session and group
@@ -401,16 +402,18 @@ def launcher(
     node_env: Mapping[str, str],
     python: str | None = None,
     hidden_paths: Sequence[str] = (),
+    hostname: str | None = None,
 ) -> str:
     """`[unshare ...] [setpriv ...] env -i -C <temp dir> <allowlist> <node env>`: what precedes `ray start`.
 
     With an absolute `python`, its folder comes first on the node's PATH: a job's `python ...` entrypoint
     runs the node's own runtime (the Ray and torch the cluster runs), not whatever else is on PATH. With
     `run_as` (so root), `hidden_paths` are covered by an empty tmpfs in the node's own mount namespace
-    (node_firewall.hide_prefix: the Unix sockets of Volt's services)."""
+    (node_firewall.hide_prefix: the Unix sockets of Volt's services), and with `hostname` the node gets a
+    host name of its own (a local host's address: gloo binds to it)."""
     switch = f"setpriv --reuid={run_as} --regid={run_as} --clear-groups -- " if run_as else ""
     if run_as:
-        switch = node_firewall.hide_prefix(hidden_paths) + switch
+        switch = node_firewall.hide_prefix(hidden_paths, hostname) + switch
     folder = python.rsplit("/", 1)[0] if python and python.startswith("/") else ""
     first = f"{folder}:" if re.match(r"^/[A-Za-z0-9_./+-]*$", folder) else ""
     passthrough = " ".join(

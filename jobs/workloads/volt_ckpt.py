@@ -437,7 +437,9 @@ class AllReduceTimer:
 
     A step's all-reduce time is the time during which at least one of its buckets was in flight
     (overlapping buckets are counted once); bytes are the buckets' sizes. Every `every` steps the
-    window's totals are reported as a busbw event. On CUDA tensors the time comes from CUDA events.
+    window's totals are reported as a busbw event, the time taken from the rank that waited least (every
+    rank must call step_done each step: it agrees with the others then). On CUDA tensors the time comes
+    from CUDA events.
     """
 
     def __init__(self, world_size: int, every: int = 5, process_group: Any = None, emit_on_rank: bool = True):
@@ -497,6 +499,25 @@ class AllReduceTimer:
                 end = stop
         return sum(r[0] for r in done), busy
 
+    def _last_rank_seconds(self) -> float:
+        """The window's all-reduce time as the rank that came last to each bucket saw it (the least over
+        ranks; every rank calls step_done at the same steps). A rank that reaches a bucket first waits
+        there for the others, and its clock counts that wait as if the wire were busy: on a loaded
+        2-core host the ranks' skew halved the job's figure against the probe on the same link."""
+        seconds = self._window_seconds
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:
+            return seconds
+        if self.world_size < 2 or not dist.is_available() or not dist.is_initialized():
+            return seconds
+        value = torch.tensor([seconds], dtype=torch.float64)
+        if dist.get_backend(self.process_group) == "nccl":
+            value = value.cuda()
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.process_group)
+        return float(value.item())
+
     def reset(self) -> None:
         """Forget what was timed so far (e.g. a warm-up iteration)."""
         self._take()
@@ -511,7 +532,7 @@ class AllReduceTimer:
         self._window_steps += 1
         if self._window_steps < self.every:
             return None
-        fields = busbw_fields(step, self._window_bytes, self._window_seconds, self.world_size)
+        fields = busbw_fields(step, self._window_bytes, self._last_rank_seconds(), self.world_size)
         self._window_bytes, self._window_seconds, self._window_steps = 0, 0.0, 0
         if fields["bytes"] and emit_event:
             emit("busbw", sink=sink, **fields)

@@ -6,9 +6,11 @@ The Ray job API is the seam for the probe (its logs are given, as in test_verifi
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from clusters import bandwidth_watch, health, metrics, provision, transitions
@@ -224,3 +226,35 @@ def test_the_live_probe_is_sized_to_the_probe_budget_as_verification_is(ready, s
                                  settings.VOLT_PROBE_MAX_MB * allreduce.MB)  # fmt: skip
     assert probe_hosts.argument("--budget-s") == "7"
     assert probe_hosts.argument("--sizes") == ",".join(str(size) for size in plan.sizes)
+
+
+def test_after_an_on_demand_probe_every_figure_on_the_page_and_api_is_the_new_probes(
+    ready, alice, client_for, committed, probe_hosts
+):
+    """Issue 23: after "Probe bandwidth now" the headline read the new figure while the size table, the
+    sentence under it and the API's `probe_result` still showed the READY probe's rows; small figures
+    printed as "0.0 GB/s" on the timeline."""
+    first = ready.predicted_busbw_gbps * 0.9
+    probe_hosts.answer(probe_logs(ready, [10.0, 10.0], busbw=first))
+    with committed():
+        client_for(alice).post(f"/api/v1/clusters/{ready.pk}/probe/")
+    slow = 0.0134
+    probe_hosts.answer(probe_logs(ready, [10.0, 10.0], busbw=slow))
+    with committed():
+        client_for(alice).post(f"/api/v1/clusters/{ready.pk}/probe/")
+
+    api = client_for(alice).get(f"/api/v1/clusters/{ready.pk}/").json()
+    assert api["measured_busbw_gbps"] == pytest.approx(slow)
+    assert api["probe_result"]["max_busbw_gbps"] == pytest.approx(slow)
+    assert [row["busbw_gbps"] for row in api["probe_result"]["results"]] == [pytest.approx(slow)]
+    browser = Client()
+    browser.force_login(alice)
+    page = browser.get(f"/clusters/{ready.pk}/").content.decode()
+    assert "max busbw <strong>0.013 GB/s</strong>" in page
+    assert '<td class="num">0.013</td></tr>' in page  # the size table: the new probe's row
+    assert api["bandwidth_flagged"] and "below expectation" in page
+    timeline = [
+        e["message"] for e in client_for(alice).get(f"/api/v1/clusters/{ready.pk}/events/").json()["results"]
+    ]
+    assert any("max busbw 0.013 GB/s" in line for line in timeline), timeline
+    assert not any(re.search(r"(?<![0-9])0\.0 GB/s", line) for line in timeline), timeline

@@ -403,3 +403,41 @@ def test_link_degraded_on_a_ready_cluster_is_seen_by_the_live_probe_and_raises_t
     assert row.measured_busbw_gbps == pytest.approx(BLOCK_GBPS / 4, rel=0.35), result
     assert "of the predicted" in row.bandwidth_alert, row.bandwidth_alert
     terminate(client, committed, cluster["id"])
+
+
+def test_a_jobs_own_all_reduce_samples_agree_with_the_probe_in_one_block(
+    emulated, alice, add_host, client_for, committed
+):
+    """Issue 23: the demo's gloo all-reduces (timed by its communication hook) read 0.14-0.48 GB/s on links
+    shaped to 0.1: gloo bound to 127.0.0.1 (GLOO_SOCKET_IFNAME=lo), which is never shaped. Each local node
+    now has its host name set to its address, so gloo binds there, as on a real host."""
+    from clusters.models import MetricSample
+    from jobs import services as jobs
+    from jobs.models import Job
+
+    add_host("h0", "a1", 2), add_host("h1", "a1", 3)
+    client = client_for(alice)
+    cluster = request(client, committed, nodes=2)
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    measured, predicted = probe(cluster)
+    assert measured == pytest.approx(predicted, rel=0.3)
+    row = Cluster.objects.get(pk=cluster["id"])
+    job = jobs.submit_job(row, alice, jobs.demo_entrypoint(40, 100, 0), working_dir=jobs.WORKLOADS_DIR,
+                          checkpoint_every=100, is_demo=True)  # fmt: skip
+    jobs.start_job(job.pk)
+    deadline = time.monotonic() + 300
+    while Job.objects.get(pk=job.pk).status not in ("succeeded", "failed", "stopped"):
+        assert time.monotonic() < deadline, "the demo job did not finish within 300 s"
+        jobs.poll_job(job.pk)
+        time.sleep(1)
+    finished = Job.objects.get(pk=job.pk)
+    assert finished.status == "succeeded", finished.status_reason
+    samples = sorted(
+        MetricSample.objects.filter(cluster_id=row.pk, series="busbw", source="job").values_list(
+            "value", flat=True
+        )
+    )
+    assert samples, "the job reported no all-reduce samples"
+    median = samples[len(samples) // 2]
+    assert 0.7 <= median / measured <= 1.3, (samples, measured)
+    terminate(client, committed, cluster["id"])
