@@ -74,6 +74,18 @@ def authenticate_token(raw: str) -> ApiToken | None:
     return token
 
 
+def socket_user(user_pk: int, token_id: int | None) -> AbstractBaseUser | None:
+    """The user a live websocket acts for, read afresh: None once the account is deactivated or, for a
+    socket opened with an API token (`token_id`), once that token is revoked or expired."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(pk=user_pk, is_active=True).first()
+    if user is None or token_id is None:
+        return user
+    token = ApiToken.objects.filter(pk=token_id, user=user, revoked_at__isnull=True)
+    return user if token.exclude(expires_at__lte=timezone.now()).exists() else None
+
+
 def teams_of(user: AbstractBaseUser) -> QuerySet[Team]:
     if not user.is_authenticated:
         return Team.objects.none()

@@ -342,6 +342,10 @@ VOLT_LOCAL_HOSTS_FOR_PROVIDERS = env_bool("VOLT_LOCAL_HOSTS_FOR_PROVIDERS", Fals
 # --- accounts and authentication ---------------------------------------------------------------
 # API tokens expire this many days after creation unless created with an earlier expiry.
 VOLT_TOKEN_LIFETIME_DAYS = env_int("VOLT_TOKEN_LIFETIME_DAYS", 90, minimum=1)
+# A live websocket re-reads its user, team membership and (opened with an API token) that token at most
+# this often (jittered down to half), with the events it forwards: a revoked token or a removed member
+# stops receiving within it.
+VOLT_WS_RECHECK_S = env_float("VOLT_WS_RECHECK_S", 30.0, minimum=1.0, maximum=3600.0)
 # Failed sign-ins and failed bearer-token authentications are counted in the shared cache per window
 # (voltweb/throttle.py); past the limit, attempts are refused (HTTP 429, Retry-After) until it ends.
 VOLT_AUTH_THROTTLE_WINDOW_S = env_int("VOLT_AUTH_THROTTLE_WINDOW_S", 900, minimum=1)
