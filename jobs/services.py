@@ -49,6 +49,7 @@ from jobs import transitions
 from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
 from jobs.models import Checkpoint, Job, JobEvent, JobLogChunk
 from voltweb import namespace, realtime
+from voltweb import services as accounts
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,29 @@ class JobInputError(ValueError):
 
 class ClusterNotReady(Exception):
     """Jobs go to READY clusters only (API: 409)."""
+
+
+class SubmitRefused(PermissionError):
+    """The caller may not run code on this cluster; `code` names the rule, `status` the HTTP answer."""
+
+    code = "team_members_only"
+    status = 403
+
+
+def check_may_submit(cluster: Cluster, user: AbstractBaseUser | None) -> None:
+    """Raise SubmitRefused unless `user` is a member of the cluster's team (`None`: Volt itself).
+
+    A job runs with the cluster's Ray token and reads and writes its shared storage, which Volt withholds
+    from platform admins (no token in their hand-off, 403 on the key download): they see jobs, stop them
+    and terminate clusters, but submitting code is for the team's members only. The API, the console form
+    and the CLI all come through here."""
+    if user is None or accounts.is_team_member(user, cluster.team):
+        return
+    raise SubmitRefused(
+        f"Only members of {cluster.team.name} submit jobs to its clusters: a job runs with the cluster's "
+        "Ray token and storage. Platform admins see, stop and terminate, but do not run code on a team's "
+        "cluster."
+    )
 
 
 # --- the demo workload -------------------------------------------------------------------------------
@@ -181,8 +205,10 @@ def submit_job(
     """Create a PENDING job on a READY cluster and queue its submission to Ray (after commit).
 
     `working_dir`: a folder on Volt's machine shipped with the job (copied, with volt_ckpt.py added);
-    None ships a folder holding only volt_ckpt.py. Raises JobInputError (bad input) or ClusterNotReady.
+    None ships a folder holding only volt_ckpt.py. Raises SubmitRefused (not a member of the cluster's
+    team), JobInputError (bad input) or ClusterNotReady.
     """
+    check_may_submit(cluster, user)
     entrypoint = validate_entrypoint(entrypoint)
     env = validate_env(env)
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
