@@ -35,12 +35,31 @@ def default_token_expiry():
     return timezone.now() + timedelta(days=settings.VOLT_TOKEN_LIFETIME_DAYS)
 
 
+class TokenExpiryRefused(ValueError):
+    """An `expires_at` a token may not have; the message names what is allowed (API: 400 on the field)."""
+
+
+def check_token_expiry(expires_at) -> None:
+    """Raise TokenExpiryRefused unless `expires_at` lies between now and the lifetime's end."""
+    latest = default_token_expiry()
+    if expires_at <= timezone.now():
+        raise TokenExpiryRefused("Give a time in the future (or leave empty for the default).")
+    if expires_at > latest:
+        raise TokenExpiryRefused(
+            f"may be at most {settings.VOLT_TOKEN_LIFETIME_DAYS} days ahead (VOLT_TOKEN_LIFETIME_DAYS): "
+            f"{latest:%Y-%m-%d %H:%M} UTC at the latest (or leave empty for that)."
+        )
+
+
 def create_api_token(user: AbstractBaseUser, name: str, expires_at=None) -> IssuedToken:
     """Create a token for `user`. The returned secret is the only copy: show it once.
 
-    Tokens expire: at `expires_at` if given, else after the default lifetime. Callers must have
-    authenticated with a session (or be an operator's command): a token never mints tokens.
+    Tokens expire: at `expires_at` if given (within the lifetime, else TokenExpiryRefused), else after the
+    default lifetime. Callers must have authenticated with a session (or be an operator's command): a token
+    never mints tokens.
     """
+    if expires_at is not None:
+        check_token_expiry(expires_at)
     expires_at = expires_at or default_token_expiry()
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(

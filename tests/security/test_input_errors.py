@@ -94,3 +94,32 @@ def test_console_nul_in_query_and_form_is_a_400_page(alice):
     response = client.post("/account/tokens/", {"name": "ci\x00"})
     assert response.status_code == 400
     assert b"NUL" in response.content
+
+
+# --- issue 21 point 3b: a token's expiry within its lifetime ---------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_token_expiry_past_the_lifetime_is_400_naming_the_latest_date(alice, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from voltweb.models import ApiToken
+
+    settings.VOLT_TOKEN_LIFETIME_DAYS = 90
+    client = api_client()
+    client.force_login(alice)
+    latest = (timezone.now() + timedelta(days=90)).strftime("%Y-%m-%d")
+
+    response = client.post(
+        "/api/v1/tokens/", {"name": "x", "expires_at": "2100-01-01T00:00:00Z"}, format="json"
+    )
+
+    assert_api_400(response, f"expires_at: may be at most 90 days ahead (VOLT_TOKEN_LIFETIME_DAYS): {latest}")
+    assert "expires_at" in response.json()["error"]["fields"]
+    assert not ApiToken.objects.filter(user=alice).exists()
+    within = (timezone.now() + timedelta(days=89)).isoformat()
+    assert (
+        client.post("/api/v1/tokens/", {"name": "y", "expires_at": within}, format="json").status_code == 201
+    )
