@@ -348,6 +348,8 @@ VOLT_TOKEN_LIFETIME_DAYS = env_int("VOLT_TOKEN_LIFETIME_DAYS", 90, minimum=1)
 VOLT_WS_RECHECK_S = env_float("VOLT_WS_RECHECK_S", 30.0, minimum=1.0, maximum=3600.0)
 # Failed sign-ins and failed bearer-token authentications are counted in the shared cache per window
 # (voltweb/throttle.py); past the limit, attempts are refused (HTTP 429, Retry-After) until it ends.
+# Sign-ins count per account from one address (..._PER_ACCOUNT) and per address; a valid bearer token is
+# never refused, only failed ones are counted and throttled.
 VOLT_AUTH_THROTTLE_WINDOW_S = env_int("VOLT_AUTH_THROTTLE_WINDOW_S", 900, minimum=1)
 VOLT_LOGIN_FAILURES_PER_ACCOUNT = env_int("VOLT_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=1)
 VOLT_LOGIN_FAILURES_PER_ADDRESS = env_int("VOLT_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1)
