@@ -20,6 +20,7 @@ import gzip
 import json
 import logging
 import lzma
+import os
 import re
 import shlex
 import shutil
@@ -304,8 +305,32 @@ def unpack_upload(upload, *, max_bytes: int | None = None) -> Path:
         raise
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
-        raise JobInputError(f"working_dir could not be unpacked ({type(exc).__name__}: {exc}).") from None
+        raise JobInputError(f"working_dir could not be unpacked ({_unpack_problem(exc, dest)}).") from None
     return dest
+
+
+def _unpack_problem(exc: BaseException, dest: Path) -> str:
+    """What went wrong unpacking into `dest`, naming paths inside the archive only: the server's folders
+    (VOLT_DATA_DIR, the staging folder) are nobody's business (OSErrors and tarfile's filter errors carry
+    absolute paths)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = "".join(f" at {_inside(name, dest)!r}" for name in (exc.filename, exc.filename2) if name)
+        return f"{type(exc).__name__}: {exc.strerror}{where}"
+    text = str(exc)
+    for folder in sorted({str(dest), os.path.realpath(dest)}, key=len, reverse=True):
+        text = text.replace(folder + os.sep, "").replace(folder, ".")
+    for folder in {str(settings.VOLT_DATA_DIR), os.path.realpath(settings.VOLT_DATA_DIR)}:
+        text = text.replace(folder, "<server>")
+    return f"{type(exc).__name__}: {text}"
+
+
+def _inside(name, dest: Path) -> str:
+    """`name` relative to the staging folder `dest`, or only its last part if it lies elsewhere."""
+    path = os.fsdecode(name)
+    for folder in (str(dest), os.path.realpath(dest)):
+        if path == folder or path.startswith(folder + os.sep):
+            return os.path.relpath(path, folder)
+    return os.path.basename(path)
 
 
 def _safe_member(name: str) -> bool:

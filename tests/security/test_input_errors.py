@@ -123,3 +123,47 @@ def test_a_token_expiry_past_the_lifetime_is_400_naming_the_latest_date(alice, s
     assert (
         client.post("/api/v1/tokens/", {"name": "y", "expires_at": within}, format="json").status_code == 201
     )
+
+
+# --- issue 21 point 3d: an upload's error says what is wrong in the archive, not where the server keeps it
+
+
+def _conflicting_archive(kind: str) -> bytes:
+    """`a` is a file and `a/b` asks for it to be a folder: unpacking fails on the server's disk."""
+    import io
+    import tarfile
+    import zipfile
+
+    buffer = io.BytesIO()
+    if kind == "zip":
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr("a", "x")
+            archive.writestr("a/b", "y")
+        return buffer.getvalue()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name in ("a", "a/b"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            archive.addfile(info, io.BytesIO(b"x"))
+    return buffer.getvalue()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["zip", "tar.gz"])
+def test_an_upload_error_does_not_show_server_paths(alice, team_a, client_for, settings, kind):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from clusters.models import Cluster
+
+    cluster = Cluster.objects.create(team=team_a, created_by=alice, name="a1", status="ready",
+                                     spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]})  # fmt: skip
+    upload = SimpleUploadedFile(f"wd.{kind}", _conflicting_archive(kind))
+    body = {"cluster": str(cluster.pk), "entrypoint": "python t.py", "working_dir": upload}
+
+    response = client_for(alice).post("/api/v1/jobs/", body, format="multipart")
+
+    assert_api_400(response, "working_dir could not be unpacked")
+    message = response.json()["error"]["message"]
+    assert "Not a directory" in message and "'a/b'" in message  # what is wrong, inside the archive
+    for server_path in (str(settings.VOLT_DATA_DIR), "job-workdirs", "uploads/", "/tmp"):
+        assert server_path not in message, message
