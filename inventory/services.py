@@ -43,6 +43,7 @@ from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated f
     active_faults,
     bandwidth_scale,
     clear_host_fault,
+    fault_value,
     inject_fault,
     links_emulated,
     unavailable_reason,

@@ -179,12 +179,18 @@ def validate_env(env: Any) -> dict[str, str]:
             raise JobInputError(f"env: {str(name)[:60]!r} is not a variable name (letters, digits, _).")
         if name.startswith(RESERVED_ENV) or name in RESERVED_NAMES:
             raise JobInputError(f"env: {name} is set by Volt or Ray for every job; choose another name.")
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise JobInputError(f"env: {name} must be a string or a number.")
-        text = str(value)
-        if len(text) > 4096 or "\x00" in text:
+        if not isinstance(value, str):
+            # Environment variables are strings: a number's text is the caller's to write (0.1 or 0.10?),
+            # and a float arrives as Python prints it (1e-05), which is rarely what was meant.
+            example = (
+                json.dumps(str(value))
+                if isinstance(value, int | float) and not isinstance(value, bool)
+                else '"..."'
+            )
+            raise JobInputError(f"env: {name} must be a string, not {type(value).__name__}: write {example}.")
+        if len(value) > 4096 or "\x00" in value:
             raise JobInputError(f"env: {name} is longer than 4096 characters or holds a NUL byte.")
-        clean[name] = text
+        clean[name] = value
     return clean
 
 

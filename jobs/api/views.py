@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 from django_filters import rest_framework as filters
@@ -34,7 +35,7 @@ def form_payload(data) -> dict:
         if key in _NUMBERS and isinstance(value, str) and value.strip().lstrip("-").isdigit():
             value = int(value)
         elif key == "step_sleep" and isinstance(value, str):
-            value = value.strip() or 0
+            value = _form_number(value)
         elif key == "demo" and isinstance(value, str):
             value = value.strip().lower() in ("1", "true", "on", "yes")
         elif key == "env" and isinstance(value, str):
@@ -44,6 +45,19 @@ def form_payload(data) -> dict:
                 raise ValidationError({"env": ['Must be a JSON object, e.g. {"LR": "0.1"}.']}) from None
         payload[key] = value
     return payload
+
+
+def _form_number(text: str) -> float | str:
+    """A form field's finite decimal number ("" is 0); anything else stays text, for the serializer to refuse
+    as JSON's would be ("NaN" and "inf" parse as floats but are not numbers a job can use)."""
+    text = text.strip()
+    if not text:
+        return 0
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text
 
 
 def submit_from(serializer: s.JobSubmitSerializer, user) -> Job:
