@@ -250,7 +250,7 @@ def driver_for(host: Host) -> HostDriver:
         username=host.ssh_user or "root",
         private_key=crypto.decrypt(host.ssh_private_key_encrypted) or None,
         known_host_key=host.ssh_host_key or None,
-        connect_timeout=timeout,
+        connect_timeout=min(settings.VOLT_SSH_CONNECT_TIMEOUT_S, timeout),
         command_timeout=timeout,
     )
 

@@ -262,6 +262,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- Volt behaviour ----------------------------------------------------------------------------
 VOLT_DRIVER_TIMEOUT_S = env_float("VOLT_DRIVER_TIMEOUT_S", 20.0, minimum=1.0, maximum=600.0)
+# An SSH host's connection (TCP, banner, key exchange, authentication) is given this long, whatever the
+# command timeout: a port that accepts and never answers is not worth the driver's whole timeout.
+VOLT_SSH_CONNECT_TIMEOUT_S = env_float("VOLT_SSH_CONNECT_TIMEOUT_S", 10.0, minimum=1.0, maximum=600.0)
 VOLT_SSH_KNOWN_HOSTS = env_str("VOLT_SSH_KNOWN_HOSTS", "")
 VOLT_GPU_MAX_TEMP_C = env_int("VOLT_GPU_MAX_TEMP_C", 90, minimum=40)
 VOLT_HEARTBEAT_STALE_S = env_int("VOLT_HEARTBEAT_STALE_S", 300, minimum=10)
