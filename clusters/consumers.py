@@ -5,35 +5,36 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.contrib.auth import get_user_model
+from django.conf import settings
 
 from clusters import live, services
 from voltweb import realtime
 from voltweb import services as accounts
+from voltweb.consumers import NOT_FOUND_CLOSE_CODE, scope_identity
 
-# Membership is checked again at most this often while a socket lives (a member removed from the team
-# stops receiving events within this time).
-RECHECK_S = 30.0
-REFUSED = 4404  # same answer for "no such cluster", "not yours" and "not signed in": nothing leaks
+# Same answer for "no such cluster", "not yours", "not signed in" and "no longer yours" (a member removed,
+# an account deactivated, the socket's API token revoked or expired): nothing leaks.
+REFUSED = NOT_FOUND_CLOSE_CODE
 
 
 class ClusterConsumer(AsyncJsonWebsocketConsumer):
     """One cluster's live events, for members of its team (session cookie or API bearer token)."""
 
+    token_id: int | None = None  # the API token the socket was opened with (None: a session)
+
     async def connect(self):
         self.cluster_id = self.scope["url_route"]["kwargs"]["cluster_id"]
-        self.user = await self._user()
+        self.user, self.token_id = await database_sync_to_async(scope_identity)(self.scope)
         snapshot = await self._snapshot() if self.user is not None else None
         if snapshot is None:
             await self.close(code=REFUSED)
             return
         self.group = f"cluster-{self.cluster_id}"
         self.checked_at = time.monotonic()
-        self.recheck_s = RECHECK_S * random.uniform(0.5, 1.0)
+        self.recheck_s = settings.VOLT_WS_RECHECK_S * random.uniform(0.5, 1.0)
         self.rechecking = None
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -55,8 +56,9 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
 
     async def volt_event(self, message):
         """Forward an event: the text the broadcaster encoded once for every socket, no database access
-        on this path. Membership is re-checked beside it, at most every RECHECK_S (jittered, so sockets
-        that connected together do not all query at one event); a removed member is closed then."""
+        on this path. Access is re-checked beside it, at most every VOLT_WS_RECHECK_S (jittered, so sockets
+        that connected together do not all query at one event): the user, the team membership and the API
+        token the socket was opened with; who lost any of them is closed then."""
         if "text" in message:
             await self.send(text_data=message["text"])
         else:
@@ -82,39 +84,18 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
             else:
                 await self.send_json(snapshot)
 
-    async def _user(self):
-        return await database_sync_to_async(scope_user)(self.scope)
-
     @database_sync_to_async
     def _snapshot(self):
-        cluster = services.visible_clusters(self.user).filter(pk=self.cluster_id).first()
+        # Read afresh (a requested snapshot too): the account and the socket's token must still be good.
+        user = accounts.socket_user(self.user.pk, self.token_id)
+        cluster = services.visible_clusters(user).filter(pk=self.cluster_id).first() if user else None
         return live.snapshot(cluster) if cluster is not None else None
 
     @database_sync_to_async
     def _still_allowed(self) -> bool:
-        # The session's user is a lazy wrapper (UserLazyObject): its type has no manager.
-        user = get_user_model().objects.filter(pk=self.user.pk, is_active=True).first()
+        # By primary key: the session's user is a lazy wrapper (UserLazyObject) whose type has no manager.
+        user = accounts.socket_user(self.user.pk, self.token_id)
         return user is not None and services.visible_clusters(user).filter(pk=self.cluster_id).exists()
-
-
-def scope_user(scope):
-    """The session user, else the owner of a valid bearer token (header or `?token=`), else None."""
-    user = scope.get("user")
-    if user is not None and user.is_authenticated:
-        return user
-    secret = _bearer(scope)
-    token = accounts.authenticate_token(secret) if secret else None
-    return token.user if token is not None else None
-
-
-def _bearer(scope) -> str:
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            parts = value.decode("latin-1").split()
-            if len(parts) == 2 and parts[0].lower() == "bearer":
-                return parts[1]
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    return (query.get("token") or [""])[0]
 
 
 class OverviewConsumer(AsyncJsonWebsocketConsumer):
@@ -123,12 +104,14 @@ class OverviewConsumer(AsyncJsonWebsocketConsumer):
 
     Changes arrive as data-less `changed` events on one group; each socket recomputes its own user's
     view (what it may see differs per user), at most once per REFRESH_S, coalescing bursts (a sweep of
-    many clusters). Membership and provider roles are read afresh at every recompute."""
+    many clusters). The user, its memberships and provider roles, and the API token the socket was opened
+    with are read afresh at every recompute: a deactivated account or a revoked or expired token closes it."""
 
     REFRESH_S = 1.0
+    token_id: int | None = None
 
     async def connect(self):
-        self.user = await database_sync_to_async(scope_user)(self.scope)
+        self.user, self.token_id = await database_sync_to_async(scope_identity)(self.scope)
         if self.user is None:
             await self.close(code=REFUSED)
             return
@@ -170,6 +153,5 @@ class OverviewConsumer(AsyncJsonWebsocketConsumer):
     def _view(self):
         from clusters.live_views import overview_snapshot
 
-        # The session's user is a lazy wrapper (UserLazyObject): its type has no manager.
-        user = get_user_model().objects.filter(pk=self.user.pk, is_active=True).first()
+        user = accounts.socket_user(self.user.pk, self.token_id)
         return overview_snapshot(user) if user is not None else None

@@ -149,19 +149,17 @@ def _fault(node: ClusterNode, drill: str, value: str, user, clear: bool) -> str:
         )
     fault = fault_table.BY_NAME[drill]
     if not clear:
-        number = None
-        if fault.value is not None:
-            try:
-                number = int(value) if value != "" else None
-            except ValueError:
-                raise DrillRefused(
-                    f"value must be a whole number: {fault.value.label}.", field="value"
-                ) from None
+        try:  # the inventory's own rule for what this fault takes, before anything else is asked
+            given = inventory.fault_value(host, drill, value)
+        except fault_table.FaultValueRefused as exc:
+            raise DrillRefused(str(exc), field="value") from None
+        number = int(given) if fault.value is not None and given else None
         kind = fault_table.HostKind(host.gpu_model, host.fabric.kind if host.fabric_id else "")
         problem = fault.problem(kind, number)
         if problem:
             raise DrillRefused(problem[1], field="value" if problem[0] == "fault_value" else "drill")
-        value = fault.content(number)
+        # GPU faults default to GPU 0 (the drill's description), value faults to the number given.
+        value = given if given and fault.value is None else fault.content(number)
     try:
         if clear:
             inventory.clear_host_fault(host, drill, actor=user)

@@ -132,6 +132,8 @@ def cluster_detail(request, pk):
         "cluster_live": cluster.status in services.LIVE,
         "connection": services.connection_details(cluster, request.user),
         "can_download_key": accounts.is_team_member(request.user, cluster.team),
+        # Team members only, as jobs.services.check_may_submit says (clusters import nothing of jobs).
+        "can_submit_jobs": accounts.is_team_member(request.user, cluster.team),
         "probe_hosts": _probe_hosts(cluster),
         "emulation_scale": _emulation_scale(cluster),
         **_recovery_context(request.user, cluster),

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from inventory import fabric_emulation as fe
 from inventory.choices import DriverKind, HostEventKind, HostState
+from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
 from inventory.drivers.local import LINK_FAULTS, clear_fault, percent_value, set_fault
 from inventory.models import Host, HostEvent
@@ -144,13 +145,24 @@ def _keep_flapping(host: Host) -> None:
     )
 
 
-def inject_fault(host: Host, fault: str, value: str = "", actor=None) -> None:
-    """Inject a fault into a local host (API, console, tests); link faults reshape its links at once.
+def fault_value(host: Host, fault: str, value: str) -> str:
+    """`value` as the content of `fault`'s file on `host`, or FaultValueRefused saying what the fault takes
+    (its range, GPU indices of this host, or nothing): "1;id", "99" or "-1" are never written."""
+    known = fault_table.BY_NAME.get(fault)
+    if known is None:
+        raise ValueError(f"unknown fault {fault!r}: choose one of {', '.join(fault_table.NAMES)}")
+    gpu_count = host.gpu_count or int((host.local_spec or {}).get("gpu_count") or 0)
+    return known.check_value(value, gpu_count)
 
-    ValueError (unknown fault, not a local host, a link fault whose shaping fails: the fault is taken
-    back) or DriverError (a value that is not a percentage)."""
+
+def inject_fault(host: Host, fault: str, value: str = "", actor=None) -> None:
+    """Inject a fault into a local host (API, console, drills); link faults reshape its links at once.
+
+    FaultValueRefused (a value the fault does not take: `fault_value`), ValueError (unknown fault, not a
+    local host, a link fault whose shaping fails: the fault is taken back) or DriverError."""
     if host.driver != DriverKind.LOCAL:
         raise ValueError("faults can be injected into local hosts only")
+    value = fault_value(host, fault, value)
     sandbox = _sandbox(host)
     set_fault(sandbox, fault, value)
     if fault in LINK_FAULTS and links_emulated():

@@ -43,6 +43,7 @@ from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated f
     active_faults,
     bandwidth_scale,
     clear_host_fault,
+    fault_value,
     inject_fault,
     links_emulated,
     unavailable_reason,
@@ -249,7 +250,7 @@ def driver_for(host: Host) -> HostDriver:
         username=host.ssh_user or "root",
         private_key=crypto.decrypt(host.ssh_private_key_encrypted) or None,
         known_host_key=host.ssh_host_key or None,
-        connect_timeout=timeout,
+        connect_timeout=min(settings.VOLT_SSH_CONNECT_TIMEOUT_S, timeout),
         command_timeout=timeout,
     )
 

@@ -15,8 +15,12 @@ Web processes only touch the database and Volt's own disk (the working dir); wor
 from __future__ import annotations
 
 import base64
+import bz2
+import gzip
 import json
 import logging
+import lzma
+import os
 import re
 import shlex
 import shutil
@@ -24,6 +28,7 @@ import tarfile
 import time
 import uuid
 import zipfile
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,6 +62,7 @@ from jobs import transitions
 from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
 from jobs.models import Checkpoint, Job, JobEvent, JobLogChunk
 from voltweb import datadir, namespace, realtime
+from voltweb import services as accounts
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -87,6 +93,29 @@ class JobInputError(ValueError):
 
 class ClusterNotReady(Exception):
     """Jobs go to READY clusters only (API: 409)."""
+
+
+class SubmitRefused(PermissionError):
+    """The caller may not run code on this cluster; `code` names the rule, `status` the HTTP answer."""
+
+    code = "team_members_only"
+    status = 403
+
+
+def check_may_submit(cluster: Cluster, user: AbstractBaseUser | None) -> None:
+    """Raise SubmitRefused unless `user` is a member of the cluster's team (`None`: Volt itself).
+
+    A job runs with the cluster's Ray token and reads and writes its shared storage, which Volt withholds
+    from platform admins (no token in their hand-off, 403 on the key download): they see jobs, stop them
+    and terminate clusters, but submitting code is for the team's members only. The API, the console form
+    and the CLI all come through here."""
+    if user is None or accounts.is_team_member(user, cluster.team):
+        return
+    raise SubmitRefused(
+        f"Only members of {cluster.team.name} submit jobs to its clusters: a job runs with the cluster's "
+        "Ray token and storage. Platform admins see, stop and terminate, but do not run code on a team's "
+        "cluster."
+    )
 
 
 # --- the demo workload -------------------------------------------------------------------------------
@@ -158,12 +187,18 @@ def validate_env(env: Any) -> dict[str, str]:
             raise JobInputError(f"env: {str(name)[:60]!r} is not a variable name (letters, digits, _).")
         if name.startswith(RESERVED_ENV) or name in RESERVED_NAMES:
             raise JobInputError(f"env: {name} is set by Volt or Ray for every job; choose another name.")
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise JobInputError(f"env: {name} must be a string or a number.")
-        text = str(value)
-        if len(text) > 4096 or "\x00" in text:
+        if not isinstance(value, str):
+            # Environment variables are strings: a number's text is the caller's to write (0.1 or 0.10?),
+            # and a float arrives as Python prints it (1e-05), which is rarely what was meant.
+            example = (
+                json.dumps(str(value))
+                if isinstance(value, int | float) and not isinstance(value, bool)
+                else '"..."'
+            )
+            raise JobInputError(f"env: {name} must be a string, not {type(value).__name__}: write {example}.")
+        if len(value) > 4096 or "\x00" in value:
             raise JobInputError(f"env: {name} is longer than 4096 characters or holds a NUL byte.")
-        clean[name] = text
+        clean[name] = value
     return clean
 
 
@@ -189,8 +224,10 @@ def submit_job(
     """Create a PENDING job on a READY cluster and queue its submission to Ray (after commit).
 
     `working_dir`: a folder on Volt's machine shipped with the job (copied, with volt_ckpt.py added);
-    None ships a folder holding only volt_ckpt.py. Raises JobInputError (bad input) or ClusterNotReady.
+    None ships a folder holding only volt_ckpt.py. Raises SubmitRefused (not a member of the cluster's
+    team), JobInputError (bad input) or ClusterNotReady.
     """
+    check_may_submit(cluster, user)
     entrypoint = validate_entrypoint(entrypoint)
     env = validate_env(env)
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
@@ -283,8 +320,32 @@ def unpack_upload(upload, *, max_bytes: int | None = None) -> Path:
         raise
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
-        raise JobInputError(f"working_dir could not be unpacked ({type(exc).__name__}: {exc}).") from None
+        raise JobInputError(f"working_dir could not be unpacked ({_unpack_problem(exc, dest)}).") from None
     return dest
+
+
+def _unpack_problem(exc: BaseException, dest: Path) -> str:
+    """What went wrong unpacking into `dest`, naming paths inside the archive only: the server's folders
+    (VOLT_DATA_DIR, the staging folder) are nobody's business (OSErrors and tarfile's filter errors carry
+    absolute paths)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = "".join(f" at {_inside(name, dest)!r}" for name in (exc.filename, exc.filename2) if name)
+        return f"{type(exc).__name__}: {exc.strerror}{where}"
+    text = str(exc)
+    for folder in sorted({str(dest), os.path.realpath(dest)}, key=len, reverse=True):
+        text = text.replace(folder + os.sep, "").replace(folder, ".")
+    for folder in {str(settings.VOLT_DATA_DIR), os.path.realpath(settings.VOLT_DATA_DIR)}:
+        text = text.replace(folder, "<server>")
+    return f"{type(exc).__name__}: {text}"
+
+
+def _inside(name, dest: Path) -> str:
+    """`name` relative to the staging folder `dest`, or only its last part if it lies elsewhere."""
+    path = os.fsdecode(name)
+    for folder in (str(dest), os.path.realpath(dest)):
+        if path == folder or path.startswith(folder + os.sep):
+            return os.path.relpath(path, folder)
+    return os.path.basename(path)
 
 
 def _safe_member(name: str) -> bool:
@@ -309,8 +370,53 @@ def _unzip(upload, dest: Path, limit: int, too_large: str) -> None:
         archive.extractall(dest)
 
 
+# Compressed tar streams tarfile would open, by their first bytes. Decompressed here, behind a bound.
+_DECOMPRESSORS = (
+    (b"\x1f\x8b", lambda upload: gzip.GzipFile(fileobj=upload, mode="rb")),
+    (b"BZh", bz2.BZ2File),
+    (b"\xfd7zXZ\x00", lzma.LZMAFile),
+)
+
+
+class _BoundedStream:
+    """A (decompressed) archive stream that refuses to be read or sought past `bound` bytes.
+
+    tarfile lists members by seeking over their data, which for a compressed stream means inflating it: a
+    4 MB gzip bomb took 35-39 s of CPU to list before its size was checked. Through this, inflating stops
+    (JobInputError) as soon as a read or a seek would pass the bound; a seek past it inflates nothing."""
+
+    def __init__(self, raw, bound: int, refusal: str):
+        self.raw, self.bound, self.refusal = raw, bound, refusal
+
+    def read(self, size: int | None = -1) -> bytes:
+        room = self.bound - self.raw.tell()
+        if size is not None and 0 <= size <= room:
+            return self.raw.read(size)
+        data = self.raw.read(max(room, 0) + 1 if size is None or size < 0 else min(size, max(room, 0) + 1))
+        if len(data) > room:
+            raise JobInputError(self.refusal)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset + (self.raw.tell() if whence == 1 else 0)
+        if whence not in (0, 1) or target > self.bound:
+            raise JobInputError(self.refusal)
+        return self.raw.seek(target)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+
 def _untar(upload, dest: Path, limit: int, too_large: str) -> None:
-    with tarfile.open(fileobj=upload, mode="r:*") as archive:
+    upload.seek(0)
+    magic = upload.read(6)
+    upload.seek(0)
+    opener = next((opener for prefix, opener in _DECOMPRESSORS if magic.startswith(prefix)), None)
+    raw = opener(upload) if opener is not None else upload
+    # Tar headers and padding (512 bytes a member, at least) come on top of the files' content: a folder of
+    # many small files takes more stream than content, so the stream may be twice the content's limit.
+    stream = _BoundedStream(raw, 2 * limit, too_large + " (unpacked)")
+    with raw if raw is not upload else nullcontext(), tarfile.open(fileobj=stream, mode="r:") as archive:
         members = archive.getmembers()
         if sum(m.size for m in members if m.isfile()) > limit:
             raise JobInputError(too_large + " (unpacked)")

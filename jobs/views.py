@@ -3,6 +3,7 @@ file, stop."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -29,7 +30,11 @@ def job_list(request):
 
 @login_required
 def job_new(request, cluster_id):
-    cluster = get_object_or_404(clusters.visible_clusters(request.user), pk=cluster_id)
+    cluster = get_object_or_404(clusters.visible_clusters(request.user).select_related("team"), pk=cluster_id)
+    try:
+        services.check_may_submit(cluster, request.user)
+    except services.SubmitRefused as exc:
+        raise PermissionDenied(str(exc)) from None
     form = JobForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         serializer = JobSubmitSerializer(data=form.to_payload(cluster.pk), context={"request": request})

@@ -1,7 +1,8 @@
 """How callers prove who they are: bearer tokens for the API, passwords for the console, both throttled.
 
-`Authorization: Bearer <token>` is backed by hashed ApiTokens; failures are counted per address
-(voltweb/throttle.py) and past the limit answered 429 with Retry-After, in the API's error shape.
+`Authorization: Bearer <token>` is backed by hashed ApiTokens. A valid token is accepted first, whatever
+others did from the same address; failures are counted per address (voltweb/throttle.py) and past the limit
+a failed attempt is answered 429 with Retry-After, in the API's error shape, instead of 401.
 """
 
 from django.contrib.auth import get_user_model
@@ -25,6 +26,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         parts = header.split()
         if not parts or parts[0].lower() != self.keyword.lower():
             return None
+        # The token first: a valid one is never refused because other callers behind the same address
+        # failed (tokens are 256-bit random, so what the counter stops is load, not a feasible guess).
+        token = services.authenticate_token(parts[1]) if len(parts) == 2 else None
+        if token is not None:
+            return token.user, token
         address = throttle.client_address(request)
         limit = throttle.token_address()
         wait = limit.retry_after(address)
@@ -32,18 +38,14 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.Throttled(
                 wait, detail=f"Too many failed token authentications from your address; retry in {wait} s."
             )
+        limit.failed(address)
         if len(parts) != 2:
-            limit.failed(address)
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header; expected 'Authorization: Bearer <token>'."
             )
-        token = services.authenticate_token(parts[1])
-        if token is None:
-            limit.failed(address)
-            raise exceptions.AuthenticationFailed(
-                "Invalid, expired or revoked token; create a new one in the console under API tokens."
-            )
-        return token.user, token
+        raise exceptions.AuthenticationFailed(
+            "Invalid, expired or revoked token; create a new one in the console under API tokens."
+        )
 
     def authenticate_header(self, request):
         # Makes DRF answer 401 (with WWW-Authenticate), not 403, to unauthenticated calls.
@@ -51,7 +53,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
 
 class ThrottledModelBackend(ModelBackend):
-    """Django's username/password backend, refusing while the account or address is throttled.
+    """Django's username/password backend, refusing while the address, or the account from this address,
+    is throttled.
 
     Every sign-in path (console, Django admin) goes through `authenticate()`, so each is counted.
     A refusal raises PermissionDenied, which ends authentication without trying the password.
@@ -67,5 +70,5 @@ class ThrottledModelBackend(ModelBackend):
         if user is None:
             throttle.login_failed(request, username)
         else:
-            throttle.login_succeeded(username)
+            throttle.login_succeeded(request, username)
         return user

@@ -12,6 +12,7 @@ import re
 import secrets
 from urllib.parse import unquote_to_bytes
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -24,7 +25,11 @@ _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 def bad_request(request: HttpRequest, message: str, code: str = "invalid") -> HttpResponse:
     """The API's one error shape under /api/, a console 400 page elsewhere."""
-    if request.path.startswith(API_PREFIX):
+    return bad_request_at(request.path, message, code)
+
+
+def bad_request_at(path: str, message: str, code: str = "invalid") -> HttpResponse:
+    if path.startswith(API_PREFIX):
         return JsonResponse({"error": {"code": code, "message": message}}, status=400)
     html = render_to_string("400.html", {"message": message}, request=None)
     return HttpResponse(html, status=400)
@@ -34,12 +39,22 @@ def _has_nul(raw: str) -> bool:
     return "\x00" in raw or b"\x00" in unquote_to_bytes(raw)
 
 
-def _takes_uploads(request: HttpRequest) -> bool:
-    """A multipart POST to a path that accepts a job's working dir archive (settings.VOLT_UPLOAD_PATHS)."""
-    return (
-        request.method == "POST"
-        and request.content_type == "multipart/form-data"
-        and any(re.match(pattern, request.path) for pattern in settings.VOLT_UPLOAD_PATHS)
+def body_limit(method: str, path: str, content_type: str) -> tuple[int, str]:
+    """The most bytes a request body may hold, and the message refusing more: DATA_UPLOAD_MAX_MEMORY_SIZE,
+    or VOLT_UPLOAD_MAX_BYTES for a multipart POST to a path that takes a job's working dir archive
+    (settings.VOLT_UPLOAD_PATHS)."""
+    takes_uploads = (
+        method == "POST"
+        and content_type == "multipart/form-data"
+        and any(re.match(pattern, path) for pattern in settings.VOLT_UPLOAD_PATHS)
+    )
+    if not takes_uploads:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return limit, f"The request body is larger than {limit} bytes."
+    return settings.VOLT_UPLOAD_MAX_BYTES, (
+        f"The upload is larger than the {settings.VOLT_JOB_UPLOAD_MAX_MB} MiB a job's working directory may "
+        "be (VOLT_JOB_UPLOAD_MAX_MB): leave data sets and checkpoints out of the archive and read them "
+        "from the cluster's shared storage."
     )
 
 
@@ -53,15 +68,9 @@ def input_problem(request: HttpRequest) -> str | None:
     length = request.META.get("CONTENT_LENGTH") or "0"
     if not length.isdigit():
         return "The Content-Length header is not a number."
-    if int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-        if not _takes_uploads(request):
-            return f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
-        if int(length) > settings.VOLT_UPLOAD_MAX_BYTES:
-            return (
-                f"The upload is larger than the {settings.VOLT_JOB_UPLOAD_MAX_MB} MiB a job's working "
-                "directory may be (VOLT_JOB_UPLOAD_MAX_MB): leave data sets and checkpoints out of the "
-                "archive and read them from the cluster's shared storage."
-            )
+    limit, too_large = body_limit(request.method, request.path, request.content_type)
+    if int(length) > limit:
+        return too_large
     if request.method == "POST" and request.content_type in _FORM_TYPES:
         try:
             values = [v for _, vs in request.POST.lists() for v in vs] + list(request.POST.keys())
@@ -86,6 +95,49 @@ class InputGuardMiddleware:
         if problem:
             return bad_request(request, problem)
         return self.get_response(request)
+
+
+class BodyLimitMiddleware:
+    """ASGI: reads a request body only up to its limit (`body_limit`), whatever Content-Length says.
+
+    Django's ASGI handler reads the whole body (to a spooled file) before any middleware runs, and a body
+    sent without Content-Length (chunked) passed InputGuardMiddleware's check unseen. Past the limit this
+    stops reading, tells Django the client went away (it then answers nothing) and answers the 400 itself.
+    The server in front may still buffer the body (daphne's Twisted does); a proxy's body limit bounds that.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        limit, too_large = body_limit(scope.get("method", ""), scope.get("path", ""), content_type)
+        received, over = 0, False
+
+        async def bounded_receive():
+            nonlocal received, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, bounded_receive, send)
+        if over:
+            response = await sync_to_async(bad_request_at)(scope.get("path", ""), too_large)
+            await send({"type": "http.response.start", "status": response.status_code, "headers": [
+                (b"content-type", response["Content-Type"].encode()),
+                (b"content-length", str(len(response.content)).encode()),
+                (b"x-content-type-options", b"nosniff"),
+            ]})  # fmt: skip
+            await send({"type": "http.response.body", "body": response.content})
 
 
 class ContentSecurityPolicyMiddleware:

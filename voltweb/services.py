@@ -35,12 +35,31 @@ def default_token_expiry():
     return timezone.now() + timedelta(days=settings.VOLT_TOKEN_LIFETIME_DAYS)
 
 
+class TokenExpiryRefused(ValueError):
+    """An `expires_at` a token may not have; the message names what is allowed (API: 400 on the field)."""
+
+
+def check_token_expiry(expires_at) -> None:
+    """Raise TokenExpiryRefused unless `expires_at` lies between now and the lifetime's end."""
+    latest = default_token_expiry()
+    if expires_at <= timezone.now():
+        raise TokenExpiryRefused("Give a time in the future (or leave empty for the default).")
+    if expires_at > latest:
+        raise TokenExpiryRefused(
+            f"may be at most {settings.VOLT_TOKEN_LIFETIME_DAYS} days ahead (VOLT_TOKEN_LIFETIME_DAYS): "
+            f"{latest:%Y-%m-%d %H:%M} UTC at the latest (or leave empty for that)."
+        )
+
+
 def create_api_token(user: AbstractBaseUser, name: str, expires_at=None) -> IssuedToken:
     """Create a token for `user`. The returned secret is the only copy: show it once.
 
-    Tokens expire: at `expires_at` if given, else after the default lifetime. Callers must have
-    authenticated with a session (or be an operator's command): a token never mints tokens.
+    Tokens expire: at `expires_at` if given (within the lifetime, else TokenExpiryRefused), else after the
+    default lifetime. Callers must have authenticated with a session (or be an operator's command): a token
+    never mints tokens.
     """
+    if expires_at is not None:
+        check_token_expiry(expires_at)
     expires_at = expires_at or default_token_expiry()
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
@@ -72,6 +91,18 @@ def authenticate_token(raw: str) -> ApiToken | None:
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+def socket_user(user_pk: int, token_id: int | None) -> AbstractBaseUser | None:
+    """The user a live websocket acts for, read afresh: None once the account is deactivated or, for a
+    socket opened with an API token (`token_id`), once that token is revoked or expired."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(pk=user_pk, is_active=True).first()
+    if user is None or token_id is None:
+        return user
+    token = ApiToken.objects.filter(pk=token_id, user=user, revoked_at__isnull=True)
+    return user if token.exclude(expires_at__lte=timezone.now()).exists() else None
 
 
 def teams_of(user: AbstractBaseUser) -> QuerySet[Team]:

@@ -263,6 +263,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- Volt behaviour ----------------------------------------------------------------------------
 VOLT_DRIVER_TIMEOUT_S = env_float("VOLT_DRIVER_TIMEOUT_S", 20.0, minimum=1.0, maximum=600.0)
+# An SSH host's connection (TCP, banner, key exchange, authentication) is given this long, whatever the
+# command timeout: a port that accepts and never answers is not worth the driver's whole timeout.
+VOLT_SSH_CONNECT_TIMEOUT_S = env_float("VOLT_SSH_CONNECT_TIMEOUT_S", 10.0, minimum=1.0, maximum=600.0)
 VOLT_SSH_KNOWN_HOSTS = env_str("VOLT_SSH_KNOWN_HOSTS", "")
 VOLT_GPU_MAX_TEMP_C = env_int("VOLT_GPU_MAX_TEMP_C", 90, minimum=40)
 VOLT_HEARTBEAT_STALE_S = env_int("VOLT_HEARTBEAT_STALE_S", 300, minimum=10)
@@ -351,8 +354,14 @@ VOLT_LOCAL_HOSTS_FOR_PROVIDERS = env_bool("VOLT_LOCAL_HOSTS_FOR_PROVIDERS", Fals
 # --- accounts and authentication ---------------------------------------------------------------
 # API tokens expire this many days after creation unless created with an earlier expiry.
 VOLT_TOKEN_LIFETIME_DAYS = env_int("VOLT_TOKEN_LIFETIME_DAYS", 90, minimum=1)
+# A live websocket re-reads its user, team membership and (opened with an API token) that token at most
+# this often (jittered down to half), with the events it forwards: a revoked token or a removed member
+# stops receiving within it.
+VOLT_WS_RECHECK_S = env_float("VOLT_WS_RECHECK_S", 30.0, minimum=1.0, maximum=3600.0)
 # Failed sign-ins and failed bearer-token authentications are counted in the shared cache per window
 # (voltweb/throttle.py); past the limit, attempts are refused (HTTP 429, Retry-After) until it ends.
+# Sign-ins count per account from one address (..._PER_ACCOUNT) and per address; a valid bearer token is
+# never refused, only failed ones are counted and throttled.
 VOLT_AUTH_THROTTLE_WINDOW_S = env_int("VOLT_AUTH_THROTTLE_WINDOW_S", 900, minimum=1)
 VOLT_LOGIN_FAILURES_PER_ACCOUNT = env_int("VOLT_LOGIN_FAILURES_PER_ACCOUNT", 10, minimum=1)
 VOLT_LOGIN_FAILURES_PER_ADDRESS = env_int("VOLT_LOGIN_FAILURES_PER_ADDRESS", 50, minimum=1)

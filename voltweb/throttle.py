@@ -1,10 +1,17 @@
-"""Throttling of failed authentication: sign-ins per account and per address, bearer tokens per address.
+"""Throttling of failed authentication: sign-ins per (account, address) and per address, bad bearer tokens
+per address.
 
 A fixed window per key in the shared cache (Redis in every deployment, so every web process counts
 together): failures are counted with an atomic INCR, the window's end is stored beside the count, and
-once a key holds `limit` failures every further attempt is refused until the window ends — even with
-the right password, which is what stops guessing. A success does not reset an address's count; it
-resets an account's, so the account's owner is not locked out after signing in.
+once a key holds `limit` failures every further attempt under that key is refused until the window ends —
+even with the right password, which is what stops guessing.
+
+No caller can lock others out (issue 21): an account's failures are counted per address, so guessing the
+platform admin's password from one address stops that address, not the admin at another; and a valid
+bearer token is accepted before any counter is looked at, so other callers' bad tokens from a shared
+address (an office's NAT) never refuse it. A success resets that (account, address) count, not the
+address's. What this gives up: guesses at one account spread over many addresses are bounded per address
+(VOLT_LOGIN_FAILURES_PER_ACCOUNT each, VOLT_LOGIN_FAILURES_PER_ADDRESS over all accounts), not in total.
 
 Chosen over django-axes: axes throttles only what goes through `authenticate()` (not bearer tokens),
 keeps its counters in database tables with a migration and middleware, and the API needs its refusals
@@ -73,8 +80,11 @@ class Limit:
 
 
 def login_account() -> Limit:
+    """Failed sign-ins of one account from one address (subject: `account_key(username, address)`)."""
     return Limit(
-        "login-account", settings.VOLT_LOGIN_FAILURES_PER_ACCOUNT, settings.VOLT_AUTH_THROTTLE_WINDOW_S
+        "login-account-address",
+        settings.VOLT_LOGIN_FAILURES_PER_ACCOUNT,
+        settings.VOLT_AUTH_THROTTLE_WINDOW_S,
     )
 
 
@@ -95,25 +105,28 @@ def client_address(request) -> str:
     return (request.META.get("REMOTE_ADDR") if request is not None else None) or "unknown"
 
 
-def account_key(username: str | None) -> str:
-    return (username or "").strip().lower()
+def account_key(username: str | None, address: str) -> str:
+    """The subject of an account's failures from one address."""
+    return f"{(username or '').strip().lower()}\n{address}"
 
 
 def login_retry_after(request, username: str | None) -> int | None:
-    """Seconds before this sign-in may be tried (by account or by address), or None."""
-    waits = [login_address().retry_after(client_address(request))]
+    """Seconds before this sign-in may be tried from this address (for this account, or at all), or None."""
+    address = client_address(request)
+    waits = [login_address().retry_after(address)]
     if username:
-        waits.append(login_account().retry_after(account_key(username)))
+        waits.append(login_account().retry_after(account_key(username, address)))
     waits = [w for w in waits if w]
     return max(waits) if waits else None
 
 
 def login_failed(request, username: str | None) -> None:
-    login_address().failed(client_address(request))
+    address = client_address(request)
+    login_address().failed(address)
     if username:
-        login_account().failed(account_key(username))
+        login_account().failed(account_key(username, address))
 
 
-def login_succeeded(username: str | None) -> None:
+def login_succeeded(request, username: str | None) -> None:
     if username:
-        login_account().reset(account_key(username))
+        login_account().reset(account_key(username, client_address(request)))

@@ -17,7 +17,8 @@ from voltweb.models import ApiToken
 
 
 class LoginView(auth_views.LoginView):
-    """Django's sign-in page, answering 429 with Retry-After while the account or address is throttled.
+    """Django's sign-in page, answering 429 with Retry-After while the address, or the account from this
+    address, is throttled.
 
     The counting itself happens in voltweb.authentication.ThrottledModelBackend (every sign-in path).
     """

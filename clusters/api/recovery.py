@@ -127,8 +127,9 @@ class ClusterRecoveryViewSet(viewsets.GenericViewSet):
         cluster = self.get_object()
         if not drills.may_run_drills(request.user, cluster):
             raise PermissionDenied("Only platform admins and the admins of the cluster's team run drills.")
-        if request.method == "GET":
-            return Response(DrillListSerializer(drills.describe(), many=True).data)
+        if request.method == "GET":  # paginated like every collection (the schema says a page)
+            page = self.paginate_queryset(drills.describe())
+            return self.get_paginated_response(DrillListSerializer(page, many=True).data)
         body = DrillSerializer(data=request.data or request.query_params)
         body.is_valid(raise_exception=True)
         data = body.validated_data

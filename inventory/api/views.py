@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from inventory import services
 from inventory.api import serializers as s
+from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
 from inventory.filters import GpuFilter, HostFilter, OfferFilter
 from inventory.models import Block, Fabric, Host, Site
@@ -254,6 +255,8 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
                     services.inject_fault(host, fault, value, actor=request.user)
                 else:
                     services.clear_host_fault(host, fault, actor=request.user)
+            except fault_table.FaultValueRefused as exc:
+                raise ValidationError({"value": [str(exc)]}) from None
             except (ValueError, DriverError) as exc:
                 raise ValidationError({"fault": str(exc)}) from None
         note = services.unavailable_reason() or ""

@@ -12,6 +12,7 @@ Pure Python (no Django): the driver and the simulator import it.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,18 @@ class FaultValue:
     minimum: int
     maximum: int
     default: int
+    hint: str = "a number"  # what to write, in a refusal: "a CPU percentage"
+
+
+class FaultValueRefused(ValueError):
+    """A value this fault cannot take; the message says what it takes (API: 400 on `value`)."""
+
+    field = "value"
+
+
+_GPU_INDICES = re.compile(r"^\d{1,4}(,\d{1,4})*$")
+_WHOLE_NUMBER = re.compile(r"^\d{1,6}$")
+MAX_FREE_TEXT = 1000
 
 
 # A check answers None when the fault can be used, else why not (shown to the user).
@@ -90,6 +103,8 @@ class Fault:
     machine_check: MachineCheck | None = None
     at_creation_only: bool = False  # shapes the sandbox itself (no file to add later)
     fixed_content: str = ""  # the file's content when the fault takes no value
+    gpu_indices: bool = False  # the file may name GPUs ("1,3"; empty: every GPU) instead of its fixed content
+    free_text: bool = False  # the file holds any text (what a broken nvidia-smi prints)
 
     @property
     def label(self) -> str:
@@ -110,6 +125,34 @@ class Fault:
             )
         return None
 
+    def check_value(self, raw: str, gpu_count: int) -> str:
+        """The fault file's content for `raw` as a person gave it (API, console, drill), or FaultValueRefused
+        saying what this fault takes. Empty is always accepted (each fault's default)."""
+        text = raw.strip()
+        if not text:
+            return ""
+        if self.value is not None:
+            low, high = self.value.minimum, self.value.maximum
+            if not _WHOLE_NUMBER.match(text) or not low <= int(text) <= high:
+                raise FaultValueRefused(
+                    f"{self.name} takes {self.value.label}, a whole number: write {self.value.hint} from "
+                    f"{low} to {high}, not {text[:20]!r}."
+                )
+            return str(int(text))
+        if self.gpu_indices:
+            indices = [int(part) for part in text.split(",")] if _GPU_INDICES.match(text) else None
+            if indices is None or not gpu_count or max(indices) >= gpu_count:
+                raise FaultValueRefused(
+                    f"{self.name} takes GPU indices from 0 to {max(gpu_count - 1, 0)}, like 0 or 0,1 (empty: "
+                    f"every GPU), not {text[:20]!r}."
+                )
+            return ",".join(str(i) for i in sorted(set(indices)))
+        if self.free_text:
+            if len(raw) > MAX_FREE_TEXT or "\x00" in raw:
+                raise FaultValueRefused(f"{self.name} takes text of at most {MAX_FREE_TEXT} characters.")
+            return raw
+        raise FaultValueRefused(f"{self.name} takes no value; leave value empty.")
+
     def content(self, value: int | None = None) -> str:
         """What goes into `faults/<name>` of the sandbox."""
         if self.value is None:
@@ -119,24 +162,25 @@ class Fault:
 
 CATALOG: tuple[Fault, ...] = (
     Fault("unreachable", "every command fails as if the host were down"),
-    Fault("nvidia_smi_garbage", "nvidia-smi prints something that is not its real output"),
+    Fault("nvidia_smi_garbage", "nvidia-smi prints something that is not its real output", free_text=True),
     Fault("nvidia_smi_missing", "no nvidia-smi on the host (driver not installed)", at_creation_only=True),
     Fault("ibstat_missing", "no ibstat on the host (ports are read from /sys/class/infiniband)", at_creation_only=True),
     Fault("driver_not_loaded", "nvidia-smi cannot talk to the NVIDIA driver (exits 9 with NVIDIA's message)"),
-    Fault("gpu_lost", "GPU 0 fell off the bus", fixed_content="0"),
-    Fault("ecc_uncorrectable", "GPU 0 reports uncorrectable ECC errors", applies_to=_needs_ecc, fixed_content="0"),
-    Fault("hot", "GPU 0 runs at 96 C", fixed_content="0"),
+    Fault("gpu_lost", "GPU 0 fell off the bus", fixed_content="0", gpu_indices=True),
+    Fault("ecc_uncorrectable", "GPU 0 reports uncorrectable ECC errors", applies_to=_needs_ecc, fixed_content="0",
+          gpu_indices=True),
+    Fault("hot", "GPU 0 runs at 96 C", fixed_content="0", gpu_indices=True),
     Fault("partitioned", "the host cannot reach other hosts (its Ray worker never joins)"),
     Fault(
         "throttled",
         "the host runs at a share of one CPU: onboards fine, then the cluster probe finds it slow",
-        value=FaultValue("CPU share (% of one core)", 1, 100, 20),
+        value=FaultValue("CPU share (% of one core)", 1, 100, 20, hint="a CPU percentage"),
         machine_check=_needs_cpu_cgroup,
     ),
     Fault(
         "link_degraded",
         "the host's links run at a share of their rate (emulated fabric)",
-        value=FaultValue("link rate (% of declared)", 1, 100, 50),
+        value=FaultValue("link rate (% of declared)", 1, 100, 50, hint="a percentage of the link rate"),
         machine_check=_needs_emulated_links,
     ),
     Fault("link_flapping", "the host's links go down and up every few seconds", machine_check=_needs_emulated_links),

@@ -244,7 +244,10 @@ class SshDriver(HostDriver):
                 preferred_auth="publickey",
                 password=None,
                 kbdint_auth=False,
+                # Both bound the handshake: connect_timeout from the TCP connect on (a port that accepts and
+                # never sends a banner), login_timeout (asyncssh's default: 2 minutes) after it.
                 connect_timeout=self.connect_timeout,
+                login_timeout=self.connect_timeout,
                 keepalive_interval=30,
                 keepalive_count_max=3,
                 **options,

@@ -4,14 +4,14 @@ from clusters import services as clusters
 from clusters.models import Cluster
 from jobs import services
 from jobs.models import Checkpoint, Job, JobEvent
-from voltweb.api.fields import ScopedPrimaryKeyRelatedField, StrictCharField, StrictIntegerField
+from voltweb.api.fields import ScopedIdField, StrictCharField, StrictFloatField, StrictIntegerField
 
 
 class JobSubmitSerializer(serializers.Serializer):
     """A job to run on a READY cluster: the demo workload, or your entrypoint (with an uploaded working dir
     as multipart form data). JSON bodies take no file."""
 
-    cluster = ScopedPrimaryKeyRelatedField(
+    cluster = ScopedIdField(
         scope=clusters.visible_clusters, noun="cluster", queryset=Cluster.objects.all(),
         help_text="Id of one of your teams' READY clusters.",
     )  # fmt: skip
@@ -21,7 +21,7 @@ class JobSubmitSerializer(serializers.Serializer):
     seed = StrictIntegerField(
         min_value=0, max_value=2**31 - 1, default=0, help_text="Demo: data and init seed."
     )
-    step_sleep = serializers.FloatField(
+    step_sleep = StrictFloatField(
         min_value=0, max_value=10, default=0, help_text="Demo: seconds to sleep per step (to watch it)."
     )
     entrypoint = StrictCharField(
@@ -38,11 +38,19 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="A .zip or .tar.gz of the job's folder (multipart only; at most VOLT_JOB_UPLOAD_MAX_MB).",
     )  # fmt: skip
 
+    def to_internal_value(self, data):
+        """Unknown fields are refused, each named (a misspelt `stepz` used to be ignored, the default run)."""
+        unknown = sorted(set(data) - set(self.fields)) if hasattr(data, "keys") else []
+        if unknown:
+            accepted = f"Unknown field; this endpoint takes {', '.join(self.fields)}."
+            raise serializers.ValidationError({str(name)[:100]: [accepted] for name in unknown})
+        return super().to_internal_value(data)
+
     def validate_env(self, env):
         try:
             return services.validate_env(env)
-        except services.JobInputError as exc:
-            raise serializers.ValidationError(str(exc)) from None
+        except services.JobInputError as exc:  # the field is named by the error's shape already
+            raise serializers.ValidationError(str(exc).removeprefix("env: ")) from None
 
     def validate(self, data):
         if data["demo"] and (data["entrypoint"] or data["working_dir"] is not None):
@@ -60,7 +68,9 @@ class JobSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
-    gpu_hours_lost = serializers.SerializerMethodField(help_text="GPU-hours lost to node failures (recoveries).")
+    gpu_hours_lost = serializers.SerializerMethodField(
+        help_text="GPU-hours lost to node failures (recoveries)."
+    )
     env = serializers.DictField(
         child=serializers.CharField(), read_only=True, help_text="The caller's environment variables."
     )

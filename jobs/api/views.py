@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 from django_filters import rest_framework as filters
@@ -21,8 +22,8 @@ from voltweb.api.errors import ErrorResponseSerializer, ServiceError
 from voltweb.api.parsers import StrictJSONParser
 from voltweb.statemachine import IllegalTransition
 
-ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer,
-          409: ErrorResponseSerializer}  # fmt: skip
+ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 403: ErrorResponseSerializer,
+          404: ErrorResponseSerializer, 409: ErrorResponseSerializer}  # fmt: skip
 _NUMBERS = ("cluster", "steps", "seed", "checkpoint_every")
 
 
@@ -34,7 +35,7 @@ def form_payload(data) -> dict:
         if key in _NUMBERS and isinstance(value, str) and value.strip().lstrip("-").isdigit():
             value = int(value)
         elif key == "step_sleep" and isinstance(value, str):
-            value = value.strip() or 0
+            value = _form_number(value)
         elif key == "demo" and isinstance(value, str):
             value = value.strip().lower() in ("1", "true", "on", "yes")
         elif key == "env" and isinstance(value, str):
@@ -46,9 +47,23 @@ def form_payload(data) -> dict:
     return payload
 
 
+def _form_number(text: str) -> float | str:
+    """A form field's finite decimal number ("" is 0); anything else stays text, for the serializer to refuse
+    as JSON's would be ("NaN" and "inf" parse as floats but are not numbers a job can use)."""
+    text = text.strip()
+    if not text:
+        return 0
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text
+
+
 def submit_from(serializer: s.JobSubmitSerializer, user) -> Job:
     """Run the service for a validated submission (API and console): unpack the upload, submit, clean up."""
     data = serializer.validated_data
+    services.check_may_submit(data["cluster"], user)  # before any upload is unpacked
     staging = services.unpack_upload(data["working_dir"]) if data["working_dir"] is not None else None
     try:
         if data["demo"]:
@@ -81,7 +96,8 @@ class JobFilter(filters.FilterSet):
 
 
 class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
-    """Jobs on your teams' clusters. POST submits one to a READY cluster (202); a worker hands it to Ray."""
+    """Jobs on your teams' clusters. POST submits one to a READY cluster (202); a worker hands it to Ray.
+    Only members of the cluster's team submit (platform admins: 403 `team_members_only`)."""
 
     serializer_class = s.JobSerializer
     filterset_class = JobFilter
@@ -110,6 +126,8 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise ServiceError(str(exc), code="invalid", status_code=400) from None
         except services.ClusterNotReady as exc:
             raise ServiceError(str(exc), code="cluster_not_ready", status_code=409) from None
+        except services.SubmitRefused as exc:
+            raise ServiceError(str(exc), code=exc.code, status_code=exc.status) from None
         return Response(s.JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(

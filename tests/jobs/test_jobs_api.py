@@ -47,7 +47,7 @@ def tar_gz(files: dict[str, bytes]) -> bytes:
 
 def test_demo_submission_is_pending_with_the_contracts_environment(alice, ready_cluster, client_for):
     response = submit(client_for(alice), {"cluster": ready_cluster.pk, "demo": True, "steps": 12, "seed": 3,
-                                          "checkpoint_every": 4, "env": {"LR": 0.1}})  # fmt: skip
+                                          "checkpoint_every": 4, "env": {"LR": "0.1"}})  # fmt: skip
     assert response.status_code == 202, response.json()
     job = Job.objects.get(pk=response.json()["id"])
     assert job.status == "pending" and job.is_demo and job.team_id == ready_cluster.team_id
@@ -69,7 +69,7 @@ def test_demo_submission_is_pending_with_the_contracts_environment(alice, ready_
         ({"demo": True, "entrypoint": "python x.py"}, "entrypoint", "not both"),
         ({"entrypoint": "python t.py", "env": {"VOLT_CHECKPOINT_DIR": "/x"}}, "env", "set by Volt"),
         ({"entrypoint": "python t.py", "env": {"1BAD": "x"}}, "env", "not a variable name"),
-        ({"entrypoint": "python t.py", "env": {"A": {"nested": 1}}}, "env", "string or a number"),
+        ({"entrypoint": "python t.py", "env": {"A": {"nested": 1}}}, "env", "must be a string"),
         ({"entrypoint": "python t.py", "env": ["A=1"]}, "env", ""),
         ({"entrypoint": "python t.py", "checkpoint_every": 0}, "checkpoint_every", ""),
         ({"entrypoint": 7}, "entrypoint", "string"),

@@ -30,6 +30,8 @@ TARGETS = {
     "nobody": Target(frozenset()),  # the API's catch-all 404
     "cluster": Target(frozenset({"alice", "root"})),  # team A's cluster
     "cluster_secret": Target(frozenset({"alice"})),  # its SSH key: team members only, not platform admins
+    # Running code on it (submitting a job reads its Ray token and storage): team members only, as its key.
+    "cluster_code": Target(frozenset({"alice"})),
     # Fault drills and the recovery policy: platform admins and team A's admins (alice is a researcher).
     "cluster_admin": Target(frozenset({"root"})),
     "team": Target(frozenset({"alice", "root"})),  # team A
@@ -97,7 +99,7 @@ ROUTES: dict[str, Rule] = {
     "clusters:overview": R("page"),
     "jobs:list": R("page"),
     "jobs:new": R(
-        "cluster",
+        "cluster_code",
         methods=("GET", "POST"),
         body={"kind": "demo", "steps": 5, "seed": 0, "checkpoint_every": 2},
     ),  # fmt: skip
@@ -180,7 +182,7 @@ ROUTES: dict[str, Rule] = {
     "api:cluster-recovery-drills": R("cluster_admin", body={"drill": "kill_processes", "rank": 0}),
     "api:cluster-recovery-recovery-policy": R("cluster_admin", body={"recovery_policy": "shrink"}),
     "api:job-list": R(
-        "page", create="as_team_a", body={"cluster": "$cluster", "demo": True}, hidden_in_list="job"
+        "page", create="cluster_code", body={"cluster": "$cluster", "demo": True}, hidden_in_list="job"
     ),
     "api:job-detail": R("job"),
     "api:job-logs": R("job"),

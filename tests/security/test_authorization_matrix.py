@@ -123,6 +123,7 @@ def world(alice, bob, priya, omar, helios, root, make_user, team_a, northwind_ib
         "cluster": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "job": {"pk": job.pk, "cluster_id": cluster.pk},
         "cluster_secret": {"pk": cluster.pk},
+        "cluster_code": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "cluster_admin": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "team": {"pk": team_a.pk},
         "token": {"pk": accounts.create_api_token(priya, "priya's").token.pk},

@@ -1,5 +1,7 @@
 """Serializer fields that refuse the wrong JSON type instead of coercing it (`regions: [1, 2]` is a 400)."""
 
+import math
+
 from rest_framework import serializers
 
 
@@ -26,6 +28,30 @@ class StrictIntegerField(serializers.IntegerField):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("not_an_integer", kind=type(data).__name__)
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    """A finite JSON number: never a string ("NaN", "0.5"), a boolean, or an infinity (1e999 parses to one).
+
+    DRF's FloatField takes the string "NaN", and NaN passes its min/max checks (every comparison is false).
+    """
+
+    default_error_messages = {
+        "not_a_number": "Must be a number{bounds}, not {kind}.",
+        "not_finite": "Must be a finite number{bounds}.",
+    }
+
+    def _bounds(self) -> str:
+        if self.min_value is not None and self.max_value is not None:
+            return f" from {self.min_value:g} to {self.max_value:g}"
+        return ""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("not_a_number", bounds=self._bounds(), kind=type(data).__name__)
+        if not math.isfinite(data):
+            self.fail("not_finite", bounds=self._bounds())
         return super().to_internal_value(data)
 
 
@@ -74,3 +100,17 @@ class ScopedPrimaryKeyRelatedField(_CallerScoped, serializers.PrimaryKeyRelatedF
         **serializers.PrimaryKeyRelatedField.default_error_messages,
         **_CallerScoped.default_error_messages,
     }
+
+
+class ScopedIdField(ScopedPrimaryKeyRelatedField):
+    """An id given as a JSON integer (never "7"), looked up among the caller's own objects."""
+
+    default_error_messages = {
+        **ScopedPrimaryKeyRelatedField.default_error_messages,
+        "incorrect_type": "Must be an integer (a {noun} id), not {data_type}.",
+    }
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("incorrect_type", noun=self.noun, data_type=type(data).__name__)
+        return super().to_internal_value(data)

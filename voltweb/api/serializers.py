@@ -1,6 +1,6 @@
-from django.utils import timezone
 from rest_framework import serializers
 
+from voltweb import services
 from voltweb.models import ApiToken, Membership, Team
 
 
@@ -36,13 +36,17 @@ class ApiTokenSerializer(serializers.ModelSerializer):
         read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at", "is_active"]
         extra_kwargs = {
             "expires_at": {
-                "help_text": "When the token stops working; empty: after the default lifetime (90 days)."
+                "help_text": "When the token stops working, at most the default lifetime ahead "
+                "(VOLT_TOKEN_LIFETIME_DAYS, 90 days); empty: after that lifetime."
             }
         }
 
     def validate_expires_at(self, value):
-        if value is not None and value <= timezone.now():
-            raise serializers.ValidationError("Give a time in the future (or leave empty for the default).")
+        if value is not None:
+            try:
+                services.check_token_expiry(value)
+            except services.TokenExpiryRefused as exc:
+                raise serializers.ValidationError(str(exc)) from None
         return value
 
 
