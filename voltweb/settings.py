@@ -225,8 +225,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "voltweb.api.errors.exception_handler",
-    # JSON (and plain forms for the browsable API). No multipart: the API takes no files, and daphne's
-    # Twisted answers a malformed multipart body with a bare, body-less 400 before Django sees it.
+    # JSON (and plain forms for the browsable API). Multipart only where a file is taken (the job
+    # submission view adds it); Twisted no longer parses it first (voltweb/asgi.py).
     "DEFAULT_PARSER_CLASSES": [
         "voltweb.api.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",
