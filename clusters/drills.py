@@ -13,7 +13,13 @@ visible: 404, as everywhere); every drill is a line on the cluster's timeline wi
     ib_fallback        its links drop to the Ethernet class's rate (emulated fabric, InfiniBand only)
 
 The fault drills are the inventory's fault table (inventory/drivers/faults.py) injected into a local host,
-so they exist only where that table says they can be injected; `clear` removes one again.
+so they exist only where that table says they can be injected; `clear` removes one again (one a drill of
+this cluster injected: a fault the provider put there is theirs).
+
+Drills end with their cluster. Each is recorded (inventory.models.HostDrill) before it touches the host;
+when the cluster ends, terminated or failed, the faults its drills injected are taken back and a cordon
+recovery put on a host because of a drill is lifted once the host passes a health check
+(inventory/drill_effects.py). A drill's effect on a provider's host is bounded by the team's own cluster.
 """
 
 from __future__ import annotations
@@ -110,9 +116,11 @@ def run_drill(
             raise DrillRefused(
                 "A killed process cannot be cleared: recovery replaces the node.", field="drill"
             )
-        detail = _kill(cluster, node)
+        detail = _kill(cluster, node, user)
+    elif clear:
+        detail = _clear(cluster, node, drill, user)
     else:
-        detail = _fault(node, drill, value, user, clear)
+        detail = _fault(cluster, node, drill, value, user)
     verb = "cleared" if clear else "ran"
     message = f"fault drill {verb} by {user.get_username()}: {drill} on {node.host.name} (rank {node.rank}): {detail}"
     event = ClusterEvent.objects.create(
@@ -125,21 +133,40 @@ def run_drill(
     return DrillResult(drill, node.host.name, node.rank, detail)
 
 
-def _kill(cluster: Cluster, node: ClusterNode) -> str:
+def _record(cluster: Cluster, node: ClusterNode, user, drill: str, fault: str = "", value: str = ""):
+    """The drill's row, written before it touches the host: what it leaves is undone when the cluster ends."""
+    return inventory.record_drill(
+        node.host,
+        cluster_pk=cluster.pk,
+        cluster_name=cluster.name,
+        team=cluster.team,
+        actor=user,
+        drill=drill,
+        fault=fault,
+        value=value,
+    )
+
+
+def _kill(cluster: Cluster, node: ClusterNode, user) -> str:
+    row = _record(cluster, node, user, KILL)
+    pids: list[int] = []
     with inventory.driver_for(node.host) as driver:
         try:
             pids = ray_nodes.node_processes(driver, ray_cluster_id(cluster))
             if not pids:
+                inventory.forget_drill(row)
                 return "no process of this cluster was running there"
             driver.run(
                 f"kill -KILL {' '.join(shlex.quote(str(p)) for p in pids)} 2>/dev/null; true", timeout=20
             )
         except DriverError as exc:
+            if not pids:  # nothing was killed: the drill did nothing to the host
+                inventory.forget_drill(row)
             raise DrillRefused(f"{node.host.name} did not answer: {exc}", field="rank") from None
     return f"SIGKILL sent to {len(pids)} process(es)"
 
 
-def _fault(node: ClusterNode, drill: str, value: str, user, clear: bool) -> str:
+def _local_host(node: ClusterNode, drill: str):
     host = node.host
     if host.driver != DriverKind.LOCAL:
         raise DrillRefused(
@@ -147,26 +174,57 @@ def _fault(node: ClusterNode, drill: str, value: str, user, clear: bool) -> str:
             f"use {KILL} there.",
             field="drill",
         )
+    return host
+
+
+def _fault(cluster: Cluster, node: ClusterNode, drill: str, value: str, user) -> str:
+    host = _local_host(node, drill)
     fault = fault_table.BY_NAME[drill]
-    if not clear:
-        number = None
-        if fault.value is not None:
-            try:
-                number = int(value) if value != "" else None
-            except ValueError:
-                raise DrillRefused(
-                    f"value must be a whole number: {fault.value.label}.", field="value"
-                ) from None
-        kind = fault_table.HostKind(host.gpu_model, host.fabric.kind if host.fabric_id else "")
-        problem = fault.problem(kind, number)
-        if problem:
-            raise DrillRefused(problem[1], field="value" if problem[0] == "fault_value" else "drill")
-        value = fault.content(number)
+    number = None
+    if fault.value is not None:
+        try:
+            number = int(value) if value != "" else None
+        except ValueError:
+            raise DrillRefused(f"value must be a whole number: {fault.value.label}.", field="value") from None
+    kind = fault_table.HostKind(host.gpu_model, host.fabric.kind if host.fabric_id else "")
+    problem = fault.problem(kind, number)
+    if problem:
+        raise DrillRefused(problem[1], field="value" if problem[0] == "fault_value" else "drill")
+    value = fault.content(number)
+    row = _record(cluster, node, user, drill, fault=drill, value=value)
     try:
-        if clear:
-            inventory.clear_host_fault(host, drill, actor=user)
-        else:
-            inventory.inject_fault(host, drill, value, actor=user)
+        inventory.inject_fault(host, drill, value, actor=user, drill=row)
+    except (ValueError, DriverError) as exc:
+        inventory.forget_drill(row)
+        raise DrillRefused(str(exc), field="drill") from None
+    if not row.fault_held:
+        return f"{host.name} had this fault already (not from a drill): it stays when the cluster ends"
+    return f"fault injected{f' ({value})' if value else ''}"
+
+
+def _clear(cluster: Cluster, node: ClusterNode, drill: str, user) -> str:
+    host = _local_host(node, drill)
+    if not inventory.drill_holds(host, cluster.pk, drill):
+        raise DrillRefused(
+            f"{host.name} has no {drill} fault from a drill of this cluster to clear: a fault its provider "
+            "injected stays, and only they clear it.",
+            field="drill",
+        )
+    try:
+        inventory.clear_host_fault(host, drill, actor=user, reason=f"fault drill of cluster {cluster.pk}")
     except (ValueError, DriverError) as exc:
         raise DrillRefused(str(exc), field="drill") from None
-    return "fault cleared" if clear else f"fault injected{f' ({value})' if value else ''}"
+    return "fault cleared"
+
+
+def end_drills(cluster: Cluster) -> None:
+    """The cluster ended (terminated, failed): nothing its drills did stays on its hosts (faults taken back,
+    cordons after them lifted; inventory/drill_effects.py). Idempotent; every final path calls it."""
+    cluster.refresh_from_db(fields=["status"])
+    inventory.end_drills(cluster.pk, f"cluster {cluster.name} (#{cluster.pk}) {cluster.status}")
+
+
+def clear_drill_faults(cluster: Cluster) -> None:
+    """Before a final teardown: the faults the cluster's drills injected are taken back, so every one of its
+    hosts answers again (an `unreachable` one refused the teardown's commands)."""
+    inventory.clear_drill_faults(cluster.pk, f"cluster {cluster.name} (#{cluster.pk}) ending")

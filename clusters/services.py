@@ -730,20 +730,23 @@ def finish_termination(cluster: Cluster) -> Cluster:
 
     Its jobs are stopped first (hooks registered by the jobs app), so they end STOPPED with the reason.
     """
-    from clusters import hooks, provision
+    from clusters import drills, hooks, provision
 
     hooks.before_teardown(cluster)
 
+    drills.clear_drill_faults(cluster)  # a host its drill made `unreachable` answers the teardown again
     started = list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider"))
     problems = provision.teardown(cluster, started, final=True) if started else []
     release(cluster)
     detail = f"; could not reach {'; '.join(problems)}" if problems else ""
-    return transitions.transition(
+    cluster = transitions.transition(
         cluster,
         S.TERMINATED,
         f"Ray processes stopped and GPUs released{detail}",
         extra={"ended_at": timezone.now()},
     )
+    drills.end_drills(cluster)  # cordons after its drills lifted: they end with the cluster
+    return cluster
 
 
 # --- the queue ---------------------------------------------------------------------------------------

@@ -36,6 +36,17 @@ from inventory.choices import (
 )
 from inventory.discovery.network import port_counts
 from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
+from inventory.drill_effects import (  # noqa: F401 - re-exported: what fault drills leave on hosts
+    clear_drill_faults,
+    drill_behind,
+    drill_holds,
+    drill_keeping_out,
+    end_drills,
+    forget_drill,
+    held_drill_fault,
+    open_drill_cluster_pks,
+    record_drill,
+)
 from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, create_sandbox
 from inventory.gpu_catalog import BY_MODEL, matching_models
@@ -51,7 +62,17 @@ from inventory.local_fabric import preload as _local_preload
 from inventory.local_fabric import remove_all as remove_local_fabric  # noqa: F401 - re-exported
 from inventory.local_fabric import sync as sync_local_fabric
 from inventory.local_fabric import sync_after_commit as _sync_fabric_after_commit
-from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, ProviderMembership, Site
+from inventory.models import (
+    GPU,
+    Block,
+    Fabric,
+    Host,
+    HostDrill,
+    HostEvent,
+    Provider,
+    ProviderMembership,
+    Site,
+)
 from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
 from voltweb import crypto, realtime
 from voltweb.services import is_platform_admin
@@ -508,10 +529,17 @@ HOST_ACTIONS = {  # in the order the console shows the buttons; the destructive 
 }
 
 
-def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, reason: str = "") -> Host:
+def act_on_host(
+    host: Host,
+    action: str,
+    actor: AbstractBaseUser | None = None,
+    reason: str = "",
+    drill: HostDrill | None = None,
+) -> Host:
     """Drain, cordon, uncordon, retire or re-discover a host (raises IllegalTransition from a wrong state).
 
-    Re-discovery onboards again, so it follows `add_host`'s rules (validation.HostRefused).
+    Re-discovery onboards again, so it follows `add_host`'s rules (validation.HostRefused). `drill`: the
+    fault drill that made the host fail (a drill cordon, lifted when the drill's cluster ends).
     """
     target = HOST_ACTIONS[action]
     extra: dict = {}
@@ -520,7 +548,7 @@ def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, 
         extra = {"onboarding_started_at": timezone.now(), "error_code": "", "error_message": ""}
     with transaction.atomic():
         host = transitions.transition_host(
-            host, target, reason=reason or f"{action} requested", actor=actor, extra=extra
+            host, target, reason=reason or f"{action} requested", actor=actor, extra=extra, drill=drill
         )
         if target == HostState.ONBOARDING:
             _queue_onboarding(host)

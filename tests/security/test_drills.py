@@ -1,0 +1,151 @@
+"""Issue 21 finding 4, "Drills outlive their cluster", and issue 24 item 4: a fault drill's effect ends with
+the team's own cluster. Whatever a drill left on a provider's host (the fault it injected, the cordon
+recovery put on the host after it) is undone when the cluster ends; a fault or cordon that was not the
+drill's stays.
+
+Real local hosts (sandboxes, discovery and health checks run for real) and the real database; no Ray:
+the cluster is READY as far as Volt knows, and recovery's cordon of a failed node's host is its own code
+(provision.replace_hosts with no free host left).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from clusters import drills, provision, services, transitions
+from clusters.choices import FailureReason
+from clusters.models import Cluster
+from inventory import services as inventory
+from inventory.models import Host
+from voltweb import services as accounts
+from voltweb.choices import TeamRole
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def tom(make_user, team_a):
+    """An admin of team A: runs drills on the team's clusters."""
+    user = make_user("tom")
+    accounts.add_member(team_a, user, TeamRole.ADMIN)
+    return user
+
+
+@pytest.fixture
+def hosts(northwind, northwind_ib, add_local_host):
+    """Two local H100 hosts of Northwind (priya's), 2 GPUs each: a 2 x 2 cluster takes both."""
+    return [add_local_host(northwind, northwind_ib, f"h100-{c}", gpus=2) for c in "ab"]
+
+
+def ready_cluster(team, user, name: str = "drilled") -> Cluster:
+    cluster = services.request_cluster(team, user, {"name": name, "nodes": 2, "gpus_per_node": 2,
+                                                    "gpu_models": ["H100"]})  # fmt: skip
+    cluster = services.place_cluster(cluster.pk)
+    assert cluster.status == "provisioning", cluster.queue_reason
+    cluster = transitions.transition(cluster, "verifying", "joined")
+    return transitions.transition(cluster, "ready", "probe passed", extra={"ready_at": timezone.now()})
+
+
+@pytest.fixture
+def cluster(hosts, team_a, tom):
+    return ready_cluster(team_a, tom)
+
+
+def node_host(cluster: Cluster, rank: int) -> Host:
+    return Host.objects.select_related("provider").get(
+        cluster_nodes__cluster=cluster, cluster_nodes__rank=rank
+    )
+
+
+def recovery_cordons(cluster: Cluster, host: Host) -> None:
+    """What recovery does with a failed node's host when nothing is free to replace it: cordon it."""
+    with pytest.raises(provision.NoReplacement):
+        provision.replace_hosts(cluster, [host.pk], "host unreachable: not answering", context="recovering")
+    assert Host.objects.get(pk=host.pk).state == "cordoned"
+
+
+def faults(host: Host) -> dict:
+    return inventory.active_faults(host)
+
+
+def test_terminate_takes_back_the_faults_its_drills_injected_and_leaves_real_ones(cluster, tom, priya):
+    first, second = node_host(cluster, 0), node_host(cluster, 1)
+    inventory.inject_fault(first, "gpu_lost", "1", actor=priya)  # the provider's own: a real fault
+    drills.run_drill(cluster, tom, "unreachable", rank=1)
+    drills.run_drill(cluster, tom, "ecc_uncorrectable", rank=0, value="0")
+    assert "unreachable" in faults(second) and "ecc_uncorrectable" in faults(first)
+
+    services.terminate_cluster(cluster, tom, wait=True)
+
+    assert faults(second) == {}  # unreachable: the next cluster placed there would have failed
+    assert faults(first) == {"gpu_lost": "1"}  # priya's fault is not the drill's: it stays
+
+
+def test_a_drill_does_not_take_a_fault_the_host_already_had(cluster, tom, priya):
+    second = node_host(cluster, 1)
+    inventory.inject_fault(second, "unreachable", actor=priya)
+    result = drills.run_drill(cluster, tom, "unreachable", rank=1)
+    assert "had this fault already" in result.detail
+
+    with pytest.raises(drills.DrillRefused, match="only they clear it"):
+        drills.run_drill(cluster, tom, "unreachable", rank=1, clear=True)  # not the team's to clear
+    services.terminate_cluster(cluster, tom, wait=True)
+    assert "unreachable" in faults(second)
+
+
+def test_a_fault_injected_by_hand_over_a_drills_fault_stays(cluster, tom, priya):
+    second = node_host(cluster, 1)
+    drills.run_drill(cluster, tom, "unreachable", rank=1)
+    inventory.inject_fault(second, "unreachable", actor=priya)  # the provider makes it theirs
+    services.terminate_cluster(cluster, tom, wait=True)
+    assert "unreachable" in faults(second)
+
+
+def test_a_cordon_after_a_drill_is_lifted_when_the_cluster_ends_and_the_hosts_fit_again(
+    cluster, tom, priya, team_a
+):
+    second = node_host(cluster, 1)
+    drills.run_drill(cluster, tom, "unreachable", rank=1)
+    recovery_cordons(cluster, second)
+    cordon = second.events.filter(to_state="cordoned").first()
+    assert cordon.drill is not None and cordon.drill.actor == tom and cordon.drill.cluster_pk == cluster.pk
+    assert "after a fault drill (unreachable by tom)" in cordon.message
+
+    services.terminate_cluster(cluster, tom, wait=True)
+
+    second.refresh_from_db()
+    assert second.state == "available" and faults(second) == {}
+    lifted = second.events.filter(to_state="available").first()
+    assert f"cordon after a fault drill lifted: cluster drilled (#{cluster.pk}) terminated" in lifted.message
+    again = ready_cluster(team_a, tom, "next")  # the same 2 x 2 request fits again
+    assert {n.host_id for n in again.nodes.all()} == {h.pk for h in Host.objects.all()}
+
+
+def test_a_failed_cluster_ends_its_drills_too(cluster, tom):
+    second = node_host(cluster, 1)
+    drills.run_drill(cluster, tom, "unreachable", rank=1)
+    cluster = transitions.transition(cluster, "degraded", "a node failed")
+    cluster = transitions.transition(cluster, "recovering", "recovering")
+    recovery_cordons(cluster, second)
+    provision.fail(cluster, FailureReason.HOST_FAILED, "gave up after 3 failed replacements")
+    second.refresh_from_db()
+    assert second.state == "available" and faults(second) == {}
+
+
+def test_cordons_that_were_not_the_drills_stay(cluster, tom, priya):
+    first, second = node_host(cluster, 0), node_host(cluster, 1)
+    inventory.act_on_host(first, "cordon", priya, "maintenance")  # the provider's own cordon
+    drills.run_drill(cluster, tom, "unreachable", rank=1)
+    recovery_cordons(cluster, second)
+    inventory.inject_fault(second, "driver_not_loaded", actor=priya)  # a real fault found meanwhile
+
+    services.terminate_cluster(cluster, tom, wait=True)
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == "cordoned"
+    assert second.state == "cordoned" and faults(second) == {"driver_not_loaded": ""}
+    kept = second.events.filter(kind="error").first()
+    assert "stays cordoned after its fault drill ended" in kept.message and "driver" in kept.message.lower()
+    assert inventory.drill_keeping_out(second) is None  # a real fault's cordon now, no drill's
