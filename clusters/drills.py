@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 
-from clusters.choices import ClusterStatus
+from clusters.choices import TERMINAL, ClusterStatus
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import ray_cluster_id
@@ -37,6 +37,7 @@ from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
+from inventory.models import HostDrill
 from voltweb import realtime
 from voltweb import services as accounts
 
@@ -91,17 +92,23 @@ def describe() -> list[dict]:
 def run_drill(
     cluster: Cluster, user: AbstractBaseUser, drill: str, *, rank: int, value: str = "", clear: bool = False
 ) -> DrillResult:
-    """Run (or, `clear`, undo) one drill on the node of `rank`. Raises DrillRefused."""
+    """Run (or, `clear`, undo) one drill on the node of `rank`. Raises DrillRefused.
+
+    Only on a READY, DEGRADED or RECOVERING cluster, as stored now (not as the caller loaded it), and a
+    terminate or failure cannot slip in between: the drill's row is committed before the host is touched
+    (so a cluster end from then on undoes it) and the status is read again after (an end before that is
+    undone here). Call it outside a transaction (a view, a task), or the row is not committed in time.
+    """
     if not may_run_drills(user, cluster):
         raise DrillRefused(
             "Only platform admins and the admins of the cluster's team run drills.", forbidden=True
         )
     if drill not in DRILLS:
         raise DrillRefused(f"Unknown drill {drill!r}: choose one of {', '.join(DRILLS)}.", field="drill")
-    if cluster.status not in DRILLABLE:
+    status = _status(cluster)
+    if status not in DRILLABLE:
         raise DrillRefused(
-            f"The cluster is {cluster.status}: drills run on a ready, degraded or recovering cluster.",
-            field="drill",
+            f"The cluster is {status}: drills run on a ready, degraded or recovering cluster.", field="drill"
         )
     node = (
         ClusterNode.objects.filter(cluster=cluster, rank=rank, released_at__isnull=True)
@@ -116,21 +123,41 @@ def run_drill(
             raise DrillRefused(
                 "A killed process cannot be cleared: recovery replaces the node.", field="drill"
             )
-        detail = _kill(cluster, node, user)
+        detail, row = _kill(cluster, node, user)
     elif clear:
-        detail = _clear(cluster, node, drill, user)
+        detail, row = _clear(cluster, node, drill, user), None
     else:
-        detail = _fault(cluster, node, drill, value, user)
+        detail, row = _fault(cluster, node, drill, value, user)
+    status = _status(cluster)
+    if row is not None and status not in DRILLABLE:
+        _ended_meanwhile(cluster, status, row)
     verb = "cleared" if clear else "ran"
     message = f"fault drill {verb} by {user.get_username()}: {drill} on {node.host.name} (rank {node.rank}): {detail}"
     event = ClusterEvent.objects.create(
-        cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message, actor=user
+        cluster=cluster, from_status=status, to_status=status, message=message, actor=user
     )
     realtime.broadcast(
         f"cluster-{cluster.pk}",
-        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
+        {"kind": "timeline", "at": event.at.isoformat(), "status": status, "message": message},
     )
     return DrillResult(drill, node.host.name, node.rank, detail)
+
+
+def _status(cluster: Cluster) -> str:
+    return Cluster.objects.filter(pk=cluster.pk).values_list("status", flat=True).first() or "deleted"
+
+
+def _ended_meanwhile(cluster: Cluster, status: str, row) -> None:
+    """The cluster began to end while the drill ran: its end may have undone the drills before this one
+    touched the host, so this one is undone here, and refused."""
+    inventory.take_back_drill(row, f"cluster {cluster.name} (#{cluster.pk}) {status}")
+    if status in TERMINAL:
+        end_drills(cluster)
+    raise DrillRefused(
+        f"The cluster became {status} while the drill ran: what it did was taken back. Drills run on a "
+        "ready, degraded or recovering cluster.",
+        field="drill",
+    )
 
 
 def _record(cluster: Cluster, node: ClusterNode, user, drill: str, fault: str = "", value: str = ""):
@@ -147,7 +174,7 @@ def _record(cluster: Cluster, node: ClusterNode, user, drill: str, fault: str = 
     )
 
 
-def _kill(cluster: Cluster, node: ClusterNode, user) -> str:
+def _kill(cluster: Cluster, node: ClusterNode, user) -> tuple[str, HostDrill | None]:
     row = _record(cluster, node, user, KILL)
     pids: list[int] = []
     with inventory.driver_for(node.host) as driver:
@@ -155,7 +182,7 @@ def _kill(cluster: Cluster, node: ClusterNode, user) -> str:
             pids = ray_nodes.node_processes(driver, ray_cluster_id(cluster))
             if not pids:
                 inventory.forget_drill(row)
-                return "no process of this cluster was running there"
+                return "no process of this cluster was running there", None
             driver.run(
                 f"kill -KILL {' '.join(shlex.quote(str(p)) for p in pids)} 2>/dev/null; true", timeout=20
             )
@@ -163,7 +190,7 @@ def _kill(cluster: Cluster, node: ClusterNode, user) -> str:
             if not pids:  # nothing was killed: the drill did nothing to the host
                 inventory.forget_drill(row)
             raise DrillRefused(f"{node.host.name} did not answer: {exc}", field="rank") from None
-    return f"SIGKILL sent to {len(pids)} process(es)"
+    return f"SIGKILL sent to {len(pids)} process(es)", row
 
 
 def _local_host(node: ClusterNode, drill: str):
@@ -177,7 +204,7 @@ def _local_host(node: ClusterNode, drill: str):
     return host
 
 
-def _fault(cluster: Cluster, node: ClusterNode, drill: str, value: str, user) -> str:
+def _fault(cluster: Cluster, node: ClusterNode, drill: str, value: str, user) -> tuple[str, HostDrill]:
     host = _local_host(node, drill)
     fault = fault_table.BY_NAME[drill]
     number = None
@@ -198,8 +225,8 @@ def _fault(cluster: Cluster, node: ClusterNode, drill: str, value: str, user) ->
         inventory.forget_drill(row)
         raise DrillRefused(str(exc), field="drill") from None
     if not row.fault_held:
-        return f"{host.name} had this fault already (not from a drill): it stays when the cluster ends"
-    return f"fault injected{f' ({value})' if value else ''}"
+        return f"{host.name} had this fault already (not from a drill): it stays when the cluster ends", row
+    return f"fault injected{f' ({value})' if value else ''}", row
 
 
 def _clear(cluster: Cluster, node: ClusterNode, drill: str, user) -> str:

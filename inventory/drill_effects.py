@@ -143,6 +143,20 @@ def clear_drill_faults(cluster_pk: int, why: str) -> int:
     return removed
 
 
+def take_back_drill(drill: HostDrill, why: str) -> None:
+    """Remove the fault file `drill` put there (a drill that raced its cluster's end: the end may have run
+    before the file was written), unless a drill of another live cluster holds it too."""
+    from inventory.local_fabric import clear_host_fault
+
+    if not drill.fault_held:
+        return
+    shared = _holding(drill.host_id, drill.fault).exclude(cluster_pk=drill.cluster_pk)
+    if not shared.filter(ended_at__isnull=True).exists():
+        clear_host_fault(
+            Host.objects.select_related("provider").get(pk=drill.host_id), drill.fault, reason=why
+        )
+
+
 def end_drills(cluster_pk: int, why: str) -> None:
     """The cluster ended: nothing its drills did stays on its hosts (see the module docstring). Idempotent."""
     clear_drill_faults(cluster_pk, why)

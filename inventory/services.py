@@ -46,6 +46,7 @@ from inventory.drill_effects import (  # noqa: F401 - re-exported: what fault dr
     held_drill_fault,
     open_drill_cluster_pks,
     record_drill,
+    take_back_drill,
 )
 from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, create_sandbox

@@ -149,3 +149,34 @@ def test_cordons_that_were_not_the_drills_stay(cluster, tom, priya):
     kept = second.events.filter(kind="error").first()
     assert "stays cordoned after its fault drill ended" in kept.message and "driver" in kept.message.lower()
     assert inventory.drill_keeping_out(second) is None  # a real fault's cordon now, no drill's
+
+
+def test_no_drill_on_a_cluster_that_is_terminating(cluster, tom, client_for):
+    loaded = Cluster.objects.get(pk=cluster.pk)  # as a view loaded it, before the terminate below
+    services.terminate_cluster(cluster, tom)  # TERMINATING; its worker has not run yet
+    with pytest.raises(drills.DrillRefused, match="The cluster is terminating"):
+        drills.run_drill(loaded, tom, "unreachable", rank=1)
+    assert faults(node_host(cluster, 1)) == {}
+
+    response = client_for(tom).post(
+        f"/api/v1/clusters/{cluster.pk}/drills/", {"drill": "unreachable", "rank": 1}, format="json"
+    )
+    assert response.status_code == 400, response.json()
+    assert "drills run on a ready, degraded or recovering cluster" in response.json()["error"]["message"]
+
+
+def test_a_terminate_that_slips_in_while_the_fault_is_injected_leaves_no_fault(cluster, tom, monkeypatch):
+    """The end ran between the drill's check and its fault file reaching the host (the host seam)."""
+    from inventory import local_fabric
+
+    write = local_fabric.set_fault
+
+    def terminated_meanwhile(sandbox, name, content=""):
+        services.terminate_cluster(Cluster.objects.get(pk=cluster.pk), tom, wait=True)
+        write(sandbox, name, content)
+
+    monkeypatch.setattr(local_fabric, "set_fault", terminated_meanwhile)
+    with pytest.raises(drills.DrillRefused, match="became terminated while the drill ran"):
+        drills.run_drill(cluster, tom, "unreachable", rank=1)
+    assert faults(node_host(cluster, 1)) == {}
+    assert not inventory.open_drill_cluster_pks()
