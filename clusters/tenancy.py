@@ -18,6 +18,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
+from django.utils import timezone
 
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import node_users
@@ -106,25 +107,29 @@ def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[H
 
 
 def remove_node_user(cluster: Cluster) -> list[str]:
-    """Remove the cluster's Unix user, its processes and temp dirs; disown its storage. Problems, or []."""
-    every = list(cluster.nodes.select_related("host__provider"))
-    local = list({n.host_id: n.host for n in every if n.host.driver == DriverKind.LOCAL}.values())
-    if not cluster.node_user or not local:
+    """Remove the cluster's Unix user, its processes and temp dirs; disown its storage. Problems, or [].
+
+    Done on this machine, not through a host's driver: local hosts are folders of this machine, so the
+    user is the machine's, and a host faulted `unreachable` (a drill) or gone must not keep it alive. What
+    could not be removed stays pending (`node_user_removed_at` empty) and the reaper tries again
+    (clusters.services.reap_cluster_leftovers).
+    """
+    if not cluster.node_user or cluster.node_user_removed_at is not None:
         return []
-    problems = []
-    for host in local:  # one machine: any of its hosts that answers will do (one may be the broken one)
-        try:
-            with inventory.driver_for(host) as driver:
-                node_users.remove_user(
-                    driver,
-                    cluster.node_user,
-                    remove_dirs=[node_temp_dir(cluster, n) for n in every if n.slot is not None],
-                    disown_dirs=[str(shared_storage_dir(cluster))],
-                )
-            return []
-        except DriverError as exc:
-            problems.append(f"user {cluster.node_user} via {host.name}: {exc}")
-    return problems
+    slots = [n for n in cluster.nodes.all() if n.slot is not None]
+    try:
+        with inventory.local_machine_driver() as driver:
+            node_users.remove_user(
+                driver,
+                cluster.node_user,
+                remove_dirs=[node_temp_dir(cluster, n) for n in slots],
+                disown_dirs=[str(shared_storage_dir(cluster))],
+            )
+    except DriverError as exc:
+        return [f"user {cluster.node_user}: {exc}"]
+    cluster.node_user_removed_at = timezone.now()
+    Cluster.objects.filter(pk=cluster.pk).update(node_user_removed_at=cluster.node_user_removed_at)
+    return []
 
 
 def node_temp_dir(cluster: Cluster, node: ClusterNode) -> str:

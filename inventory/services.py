@@ -49,7 +49,7 @@ from inventory.drill_effects import (  # noqa: F401 - re-exported: what fault dr
     take_back_drill,
 )
 from inventory.drivers.base import HostDriver
-from inventory.drivers.local import LocalDriver, create_sandbox
+from inventory.drivers.local import LocalDriver, ThisMachine, create_sandbox
 from inventory.gpu_catalog import BY_MODEL, matching_models
 from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated fabric of local hosts
     active_faults,
@@ -274,6 +274,12 @@ def driver_for(host: Host) -> HostDriver:
         connect_timeout=timeout,
         command_timeout=timeout,
     )
+
+
+def local_machine_driver() -> HostDriver:
+    """The machine local hosts live on, whatever state any of them is in (a cluster's Unix user is this
+    machine's, not one host's: it is removed here even when a host is faulted `unreachable`)."""
+    return ThisMachine(default_timeout=settings.VOLT_DRIVER_TIMEOUT_S)
 
 
 @sensitive_variables("request")

@@ -10,16 +10,23 @@ the cluster is READY as far as Volt knows, and recovery's cordon of a failed nod
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 from django.utils import timezone
 
 from clusters import drills, provision, services, transitions
 from clusters.choices import FailureReason
 from clusters.models import Cluster
+from clusters.provisioning import node_users
 from inventory import services as inventory
+from inventory.drivers.base import HostDriver, HostUnreachable
 from inventory.models import Host
 from voltweb import services as accounts
+from voltweb.celery import app as celery_app
 from voltweb.choices import TeamRole
+from voltweb.periodic import SCHEDULE
 
 pytestmark = pytest.mark.django_db
 
@@ -180,3 +187,92 @@ def test_a_terminate_that_slips_in_while_the_fault_is_injected_leaves_no_fault(c
         drills.run_drill(cluster, tom, "unreachable", rank=1)
     assert faults(node_host(cluster, 1)) == {}
     assert not inventory.open_drill_cluster_pks()
+
+
+# --- the cluster's Unix user goes whatever its hosts' state ----------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="creating Unix users needs root (CI runs as root)")
+
+
+def user_exists(name: str) -> bool:
+    return subprocess.run(["id", "-u", name], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def cluster_user(cluster, tmp_path):
+    """The cluster's own Unix user, as provisioning made it, with a process that escaped its node."""
+    name = node_users.user_name(cluster.pk, str(tmp_path))
+    subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                    "/usr/sbin/nologin", name], check=True)  # fmt: skip
+    escaped = subprocess.Popen(
+        ["setpriv", f"--reuid={name}", f"--regid={name}", "--clear-groups", "--", "sleep", "300"],
+        start_new_session=True,
+    )
+    Cluster.objects.filter(pk=cluster.pk).update(node_user=name)
+    for slot, node in enumerate(cluster.nodes.all(), start=90):  # as bring-up gives: nodes started
+        type(node).objects.filter(pk=node.pk).update(slot=slot)
+    yield name, escaped
+    escaped.kill()
+    escaped.wait()
+    subprocess.run(["userdel", "-f", name], capture_output=True)
+
+
+@needs_root
+def test_terminate_removes_the_clusters_user_when_its_hosts_do_not_answer(cluster, cluster_user, tom, priya):
+    name, escaped = cluster_user
+    for rank in (0, 1):  # a real outage of both hosts (the provider's faults, not a drill's)
+        inventory.inject_fault(node_host(cluster, rank), "unreachable", actor=priya)
+
+    cluster = services.terminate_cluster(Cluster.objects.get(pk=cluster.pk), tom, wait=True)
+
+    assert cluster.status == "terminated"
+    assert not user_exists(name)  # local hosts share this machine: removed here, not through a host
+    assert escaped.wait(timeout=30) is not None
+    assert Cluster.objects.get(pk=cluster.pk).node_user_removed_at is not None
+
+
+class Refusing(HostDriver):
+    """This machine refusing commands (what a stuck userdel or a full process table looks like)."""
+
+    address = "this machine"
+
+    def run(self, command, timeout=None):
+        raise HostUnreachable("this machine refused the command")
+
+    def copy_file(self, local_path, remote_path, timeout=None):
+        raise HostUnreachable("this machine refused the copy")
+
+    def check_reachable(self, timeout=None):
+        raise HostUnreachable("this machine refused")
+
+
+@needs_root
+def test_a_user_that_could_not_be_removed_is_retried_by_the_reaper_until_it_is_gone(
+    cluster, cluster_user, tom, monkeypatch
+):
+    name, _ = cluster_user
+    monkeypatch.setattr(inventory, "local_machine_driver", lambda: Refusing())
+    cluster = services.terminate_cluster(Cluster.objects.get(pk=cluster.pk), tom, wait=True)
+    assert cluster.status == "terminated" and user_exists(name)
+    assert f"user {name}" in cluster.events.order_by("-at", "-id").filter(to_status="terminated")[0].message
+    assert Cluster.objects.get(pk=cluster.pk).node_user_removed_at is None  # pending removal
+
+    reaper = celery_app.tasks[SCHEDULE["reap-cluster-leftovers"]["task"]]
+    assert reaper.apply().get()["node_users_removed"] == 0  # still refused: still pending
+    monkeypatch.undo()
+    assert reaper.apply().get()["node_users_removed"] == 1
+    assert not user_exists(name) and Cluster.objects.get(pk=cluster.pk).node_user_removed_at is not None
+    assert reaper.apply().get()["node_users_removed"] == 0  # done: not tried again
+
+
+def test_the_reaper_ends_the_drills_of_a_cluster_whose_worker_died_at_its_end(cluster, tom):
+    second = node_host(cluster, 1)
+    drills.run_drill(cluster, tom, "unreachable", rank=1)
+    recovery_cordons(cluster, second)
+    Cluster.objects.filter(pk=cluster.pk).update(status="terminated")  # the worker died right after
+
+    reaper = celery_app.tasks[SCHEDULE["reap-cluster-leftovers"]["task"]]
+    assert reaper.apply().get()["clusters_drills_ended"] == 1
+    second.refresh_from_db()
+    assert second.state == "available" and faults(second) == {}
+    assert reaper.apply().get()["clusters_drills_ended"] == 0
