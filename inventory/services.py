@@ -673,9 +673,17 @@ def record_health(host: Host, result: Discovery | DiscoveryFailed) -> str:
 
 
 def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
+    """A failed check lowers the host's reliability, unless a fault drill's fault is on the host: the
+    failure is the drill's, not the provider's (and what it does to the host's state ends with the
+    drill's cluster)."""
+    drill = held_drill_fault(host)
+    message = failure.message
+    if drill is not None:
+        message += f" (fault drill {drill.drill} by {drill.actor_name} on cluster {drill.cluster_pk})"
     with transaction.atomic():
-        Host.objects.filter(pk=host.pk).update(reliability=host.reliability * (1 - _RELIABILITY_WEIGHT))
-        HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=failure.message)
+        if drill is None:
+            Host.objects.filter(pk=host.pk).update(reliability=host.reliability * (1 - _RELIABILITY_WEIGHT))
+        HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=message, drill=drill)
         unreachable = failure.code in {"unreachable", "timeout", "auth_refused", "host_key_mismatch"}
         target = HostState.OFFLINE if unreachable else HostState.CORDONED
         if host.state in (HostState.AVAILABLE, HostState.DRAINING) or (
@@ -684,8 +692,9 @@ def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
             transitions.transition_host(
                 host,
                 target,
-                reason=failure.message,
+                reason=message,
                 extra={"error_code": failure.code, "error_message": failure.message},
+                drill=drill,
             )
             return target
     return "unchanged"

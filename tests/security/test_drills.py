@@ -276,3 +276,24 @@ def test_the_reaper_ends_the_drills_of_a_cluster_whose_worker_died_at_its_end(cl
     second.refresh_from_db()
     assert second.state == "available" and faults(second) == {}
     assert reaper.apply().get()["clusters_drills_ended"] == 0
+
+
+def test_a_drills_failure_is_not_held_against_the_hosts_reliability(cluster, tom, priya):
+    first, second = node_host(cluster, 0), node_host(cluster, 1)
+    Host.objects.update(reliability=0.9)
+    inventory.inject_fault(first, "unreachable", actor=priya)  # a real outage: the provider's
+    drills.run_drill(cluster, tom, "unreachable", rank=1)  # the team's drill
+
+    inventory.health_sweep()
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == second.state == "offline"
+    assert first.reliability == pytest.approx(0.81)  # a failed check counts against the provider
+    assert second.reliability == pytest.approx(0.9)  # the drill's does not
+    assert f"fault drill unreachable by tom on cluster {cluster.pk}" in second.events.first().message
+
+    services.terminate_cluster(cluster, tom, wait=True)
+    second.refresh_from_db()
+    assert second.state == "available" and second.reliability >= 0.9  # back with the cluster's end
+    assert Host.objects.get(pk=first.pk).state == "offline"
