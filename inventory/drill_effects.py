@@ -117,7 +117,7 @@ def drill_keeping_out(host: Host) -> HostDrill | None:
         return None
     event = (
         HostEvent.objects.filter(host_id=host.pk, kind=HostEventKind.STATE)
-        .select_related("drill__actor")
+        .select_related("drill__actor", "drill__team")
         .order_by("-at", "-id")
         .first()
     )

@@ -354,10 +354,9 @@ class HostDrill(models.Model):
     def actor_name(self) -> str:
         return self.actor.get_username() if self.actor is not None else "a deleted user"
 
-    @property
-    def cordon_note(self) -> str:
-        """What a page says of a cordon this drill caused."""
+    def note(self, state: str) -> str:
+        """What a page says of the host being `state` (cordoned, offline) because of this drill."""
         return (
-            f"cordoned after a fault drill ({self.drill}) by {self.actor_name} "
-            f"on cluster {self.cluster_pk} ({self.cluster_name})"
+            f"{state} after a fault drill by {self.actor_name} on cluster {self.cluster_pk} "
+            f"({self.cluster_name}): {self.drill}"
         )

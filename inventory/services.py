@@ -76,7 +76,7 @@ from inventory.models import (
 )
 from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
 from voltweb import crypto, realtime
-from voltweb.services import is_platform_admin
+from voltweb.services import is_platform_admin, is_team_admin
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +126,15 @@ def managed_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
 
 
 def visible_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
-    """Provider admins see their own hosts in every state; researchers see what they could get."""
+    """Provider admins see their own hosts in every state; researchers see what they could get, and the
+    hosts cordoned while a fault drill they ran lasts (to see why, and to uncordon: may_act_on_host)."""
     if is_platform_admin(user):
         return Host.objects.all()
     mine = Q(provider_id__in=managed_provider_ids(user))
     if is_researcher(user):
         mine |= Q(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
+        drilled = HostDrill.objects.filter(actor=user, ended_at__isnull=True).values("host_id")
+        mine |= Q(state=HostState.CORDONED, pk__in=drilled)
     return Host.objects.filter(mine)
 
 
@@ -564,6 +567,22 @@ def act_on_host(
         if target == HostState.RETIRED and host.driver == DriverKind.LOCAL:
             _sync_fabric_after_commit()
     return host
+
+
+def may_act_on_host(user: AbstractBaseUser, host: Host, action: str) -> bool:
+    """Provider admins (and platform admins) act on their hosts. A cordon recovery put on a host after a
+    fault drill may also be lifted by the team admin who ran the drill, while it is that drill's."""
+    if can_manage_provider(user, host.provider):
+        return True
+    if action != "uncordon" or host.state != HostState.CORDONED or not user.is_authenticated:
+        return False
+    drill = drill_keeping_out(host)
+    return (
+        drill is not None
+        and drill.actor_id == user.pk
+        and drill.team is not None
+        and is_team_admin(user, drill.team)
+    )
 
 
 def host_history(host: Host) -> QuerySet[HostEvent]:

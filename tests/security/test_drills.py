@@ -297,3 +297,78 @@ def test_a_drills_failure_is_not_held_against_the_hosts_reliability(cluster, tom
     second.refresh_from_db()
     assert second.state == "available" and second.reliability >= 0.9  # back with the cluster's end
     assert Host.objects.get(pk=first.pk).state == "offline"
+
+
+# --- the host says so, and who may lift it ----------------------------------------------------------------
+
+
+def console(user):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def drill_cordoned(cluster, tom):
+    """rank 1's host, cordoned by recovery after tom's `unreachable` drill."""
+    host = node_host(cluster, 1)
+    drills.run_drill(cluster, tom, "unreachable", rank=1)
+    recovery_cordons(cluster, host)
+    return host
+
+
+def test_the_host_says_it_was_cordoned_after_a_drill_and_by_whom(
+    cluster, drill_cordoned, tom, priya, root, client_for
+):
+    note = f"cordoned after a fault drill by tom on cluster {cluster.pk} (drilled): unreachable"
+    url = f"/api/v1/hosts/{drill_cordoned.pk}/"
+    for user in (priya, root, tom):
+        body = client_for(user).get(url).json()
+        assert body["state"] == "cordoned" and body["after_drill"]["note"] == note, body
+        assert body["after_drill"]["by"] == "tom" and body["after_drill"]["cluster"] == cluster.pk
+        assert body["may_uncordon"] is True
+    assert "address" in client_for(priya).get(url).json()
+    assert "address" not in client_for(tom).get(url).json()  # the provider's details stay the provider's
+
+    page = console(priya).get(f"/inventory/hosts/{drill_cordoned.pk}/").content.decode()
+    assert note.capitalize() in page and f"/hosts/{drill_cordoned.pk}/uncordon/" in page
+    page = console(tom).get(f"/inventory/hosts/{drill_cordoned.pk}/").content.decode()
+    assert note.capitalize() in page and f"/hosts/{drill_cordoned.pk}/uncordon/" in page
+    assert f"/hosts/{drill_cordoned.pk}/retire/" not in page and "host-history" not in page
+
+
+def test_the_team_admin_who_ran_the_drill_may_uncordon_the_host_and_nothing_else(
+    drill_cordoned, tom, alice, bob, client_for
+):
+    base = f"/api/v1/hosts/{drill_cordoned.pk}"
+    for stranger in (alice, bob):  # alice: same team, did not run it; bob: another team
+        assert client_for(stranger).get(f"{base}/").status_code == 404
+        assert client_for(stranger).post(f"{base}/uncordon/").status_code == 404
+    for action in ("retire", "drain", "rediscover"):
+        assert client_for(tom).post(f"{base}/{action}/").status_code == 404
+        assert console(tom).post(f"/inventory/hosts/{drill_cordoned.pk}/{action}/").status_code == 404
+    response = client_for(tom).post(f"{base}/uncordon/", {"reason": "drill done"}, format="json")
+    assert response.status_code == 202, response.json()
+    assert response.json()["state"] == "available" and "address" not in response.json()
+    assert response.json()["after_drill"] is None
+    drill_cordoned.refresh_from_db()
+    assert drill_cordoned.state == "available"
+    assert drill_cordoned.events.first().actor == tom
+
+
+def test_the_drills_team_admin_may_not_lift_a_cordon_that_is_no_longer_the_drills(
+    drill_cordoned, tom, priya, team_a, client_for
+):
+    url = f"/api/v1/hosts/{drill_cordoned.pk}/uncordon/"
+    inventory.act_on_host(drill_cordoned, "uncordon", priya)
+    inventory.act_on_host(drill_cordoned, "cordon", priya, "maintenance")  # the provider's cordon now
+    assert client_for(tom).post(url).status_code == 404
+    assert client_for(tom).get(f"/api/v1/hosts/{drill_cordoned.pk}/").json()["after_drill"] is None
+
+    inventory.act_on_host(drill_cordoned, "uncordon", priya)
+    accounts.add_member(team_a, tom, TeamRole.RESEARCHER)  # no longer an admin of the team
+    drill = inventory.drill_behind(drill_cordoned.pk, drill_cordoned.drills.first().cluster_pk)
+    inventory.act_on_host(drill_cordoned, "cordon", reason="suspect after a drill", drill=drill)
+    assert client_for(tom).post(url).status_code == 404
