@@ -188,6 +188,17 @@ def _restore(host: Host, cluster_pk: int, why: str) -> None:
     services.record_health(Host.objects.select_related("provider").get(pk=host.pk), result)
 
 
+def hosts_kept_out_by(cluster_pk: int) -> list[tuple[Host, HostDrill]]:
+    """The hosts a live cluster's drills keep out of service now (cordoned or offline after them)."""
+    host_ids = HostDrill.objects.filter(cluster_pk=cluster_pk, ended_at__isnull=True).values("host_id")
+    kept = []
+    for host in Host.objects.filter(pk__in=host_ids, state__in=_LEFT_OUT).order_by("name"):
+        drill = drill_keeping_out(host)
+        if drill is not None and drill.cluster_pk == cluster_pk:
+            kept.append((host, drill))
+    return kept
+
+
 def open_drill_cluster_pks() -> set[int]:
     """Clusters with drills not yet ended (the clusters app's reaper ends those of ended clusters)."""
     return set(HostDrill.objects.filter(ended_at__isnull=True).values_list("cluster_pk", flat=True))

@@ -44,6 +44,7 @@ from inventory.drill_effects import (  # noqa: F401 - re-exported: what fault dr
     end_drills,
     forget_drill,
     held_drill_fault,
+    hosts_kept_out_by,
     open_drill_cluster_pks,
     record_drill,
     take_back_drill,

@@ -372,3 +372,12 @@ def test_the_drills_team_admin_may_not_lift_a_cordon_that_is_no_longer_the_drill
     drill = inventory.drill_behind(drill_cordoned.pk, drill_cordoned.drills.first().cluster_pk)
     inventory.act_on_host(drill_cordoned, "cordon", reason="suspect after a drill", drill=drill)
     assert client_for(tom).post(url).status_code == 404
+
+
+def test_the_cluster_page_names_the_hosts_its_drills_keep_out_of_service(cluster, drill_cordoned, tom, alice):
+    page = console(tom).get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "Out of service after this cluster's drills" in page
+    assert (
+        f'href="/inventory/hosts/{drill_cordoned.pk}/">h100-b</a> (cordoned after unreachable by tom)' in page
+    )
+    assert "drill-kept-out" not in console(alice).get(f"/clusters/{cluster.pk}/").content.decode()
