@@ -586,6 +586,26 @@ def may_act_on_host(user: AbstractBaseUser, host: Host, action: str) -> bool:
     )
 
 
+def cordoned_hosts_line(limit: int = 10) -> str:
+    """ "Cordoned hosts: h100-a (after a fault drill by tom on cluster 12), ..." or "" when none: what
+    the demo's start line says, so hosts a restart leaves out of service are not a surprise."""
+    hosts = list(Host.objects.filter(state=HostState.CORDONED).order_by("name", "pk")[: limit + 1])
+    if not hosts:
+        return ""
+    parts = []
+    for host in hosts[:limit]:
+        drill = drill_keeping_out(host)
+        if drill is not None:
+            why = f"after a fault drill by {drill.actor_name} on cluster {drill.cluster_pk}"
+        else:
+            event = host.events.filter(kind=HostEventKind.STATE, to_state=HostState.CORDONED).first()
+            why = (event.message if event else "") or "cordoned"
+            why = why if len(why) <= 60 else why[:59] + "…"
+        parts.append(f"{host.name} ({why})")
+    more = Host.objects.filter(state=HostState.CORDONED).count() - limit if len(hosts) > limit else 0
+    return "Cordoned hosts: " + ", ".join(parts) + (f", and {more} more" if more else "")
+
+
 def host_history(host: Host) -> QuerySet[HostEvent]:
     return host.events.select_related("actor")
 

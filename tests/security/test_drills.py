@@ -381,3 +381,22 @@ def test_the_cluster_page_names_the_hosts_its_drills_keep_out_of_service(cluster
         f'href="/inventory/hosts/{drill_cordoned.pk}/">h100-b</a> (cordoned after unreachable by tom)' in page
     )
     assert "drill-kept-out" not in console(alice).get(f"/clusters/{cluster.pk}/").content.decode()
+
+
+def test_the_demos_start_line_lists_cordoned_hosts_and_why(cluster, drill_cordoned, priya):
+    from io import StringIO
+
+    from voltweb.management.commands.demo import Command
+
+    def start_line() -> str:
+        out = StringIO()
+        Command(stdout=out)._announce(8000)
+        return out.getvalue()
+
+    inventory.act_on_host(node_host(cluster, 0), "cordon", priya, "maintenance")
+    assert (
+        f"Cordoned hosts: h100-a (maintenance), h100-b (after a fault drill by tom on cluster {cluster.pk})"
+        in start_line()
+    )
+    Host.objects.update(state="available")
+    assert "Cordoned hosts" not in start_line()
