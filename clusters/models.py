@@ -58,6 +58,11 @@ class Cluster(models.Model):
         blank=True,
         help_text="Unix user its Ray processes run as on local hosts (empty: the host's own user).",
     )
+    node_user_removed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its Unix user was removed; an ended cluster without it is retried by a reaper.",
+    )
     ray_address = models.CharField(
         max_length=100, blank=True, help_text="GCS address workers and drivers join."
     )

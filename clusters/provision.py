@@ -29,7 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import allocations, metrics, placement, tenancy, transitions
+from clusters import allocations, drills, metrics, placement, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
 from clusters.placement.bandwidth import format_gbps
@@ -648,10 +648,12 @@ def _record_sample(cluster: Cluster, busbw: float, result: dict) -> None:
 
 
 def fail(cluster: Cluster, reason: str, message: str) -> Cluster:
-    """FAILED with everything undone: nodes stopped, key removed, GPUs released."""
+    """FAILED with everything undone: nodes stopped, key removed, GPUs released, its drills' faults and
+    cordons taken back (after the status changed too: a drill that raced it is undone as well)."""
+    drills.clear_drill_faults(cluster)
     teardown(cluster, final=True)
     allocations.release(cluster)
-    return transitions.transition(
+    cluster = transitions.transition(
         cluster,
         S.FAILED,
         message,
@@ -661,6 +663,8 @@ def fail(cluster: Cluster, reason: str, message: str) -> Cluster:
             "ended_at": timezone.now(),
         },
     )
+    drills.end_drills(cluster)
+    return cluster
 
 
 def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final: bool = False) -> list[str]:
@@ -737,11 +741,16 @@ def _cordon_suspects(
     cluster: Cluster, host_ids: list[int], reason: str, context: str = "provisioning"
 ) -> None:
     for host in Host.objects.filter(pk__in=host_ids, state__in=[HostState.AVAILABLE, HostState.DRAINING]):
+        # A drill of this cluster hit the host: the failure is the drill's, and so is the cordon (lifted
+        # when the cluster ends).
+        drill = inventory.drill_behind(host.pk, cluster.pk)
+        after = f" after a fault drill ({drill.drill} by {drill.actor_name})" if drill else ""
         try:
             inventory.act_on_host(
                 host,
                 "cordon",
-                reason=f"suspect: while {context} cluster {cluster.name}: {reason}"[:500],
+                reason=f"suspect{after}: while {context} cluster {cluster.name}: {reason}"[:500],
+                drill=drill,
             )
         except IllegalTransition:
             pass

@@ -30,7 +30,7 @@ from clusters.allocations import (  # noqa: F401 - re-exported: allocation used 
     hosts_serving_other_teams,
     release,
 )
-from clusters.choices import HOLDS_GPUS, LIVE, ClusterStatus, FailureReason
+from clusters.choices import HOLDS_GPUS, LIVE, TERMINAL, ClusterStatus, FailureReason
 from clusters.models import Allocation, BandwidthSample, Cluster
 from inventory import services as inventory
 from inventory.choices import HostState, ProviderStatus
@@ -740,20 +740,26 @@ def finish_termination(cluster: Cluster) -> Cluster:
 
     Its jobs are stopped first (hooks registered by the jobs app), so they end STOPPED with the reason.
     """
-    from clusters import hooks, provision
+    from clusters import drills, hooks, provision, tenancy
 
     hooks.before_teardown(cluster)
 
+    drills.clear_drill_faults(cluster)  # a host its drill made `unreachable` answers the teardown again
     started = list(cluster.nodes.filter(slot__isnull=False).select_related("host__provider"))
-    problems = provision.teardown(cluster, started, final=True) if started else []
+    if started:
+        problems = provision.teardown(cluster, started, final=True)
+    else:  # ended before any node started: its user (made before the hosts were prepared) may exist
+        problems = tenancy.remove_node_user(cluster)
     release(cluster)
     detail = f"; could not reach {'; '.join(problems)}" if problems else ""
-    return transitions.transition(
+    cluster = transitions.transition(
         cluster,
         S.TERMINATED,
         f"Ray processes stopped and GPUs released{detail}",
         extra={"ended_at": timezone.now()},
     )
+    drills.end_drills(cluster)  # cordons after its drills lifted: they end with the cluster
+    return cluster
 
 
 # --- the queue ---------------------------------------------------------------------------------------
@@ -827,6 +833,42 @@ def reap_stuck_provisioning(older_than_s: int | None = None) -> int:
         task.delay(cluster.pk)
         count += 1
     return count
+
+
+def reap_cluster_leftovers(limit: int = 5) -> dict:
+    """What ended clusters could not undo at their end, tried again: their Unix user (a host that did not
+    answer, a process that would not die) and their drills' faults and cordons (a worker that died
+    between the final status and their end). `limit` users per run, least recently tried first (one that
+    keeps failing goes to the back). Returns counts."""
+    from clusters import drills, provision, tenancy
+
+    pending = (
+        Cluster.objects.filter(status__in=TERMINAL, node_user_removed_at__isnull=True)
+        .exclude(node_user="")
+        .order_by("updated_at", "pk")[:limit]
+    )
+    users = 0
+    for cluster in pending:
+        problems = tenancy.remove_node_user(cluster)
+        if problems:
+            Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())
+            logger.warning("cluster %s: its Unix user is still there: %s", cluster.pk, "; ".join(problems))
+        else:
+            users += 1
+            provision.note(cluster, f"Unix user {cluster.node_user} removed (it could not be at the end)")
+    ended = 0
+    open_pks = inventory.open_drill_cluster_pks()
+    live = set(
+        Cluster.objects.filter(pk__in=open_pks).exclude(status__in=TERMINAL).values_list("pk", flat=True)
+    )
+    for cluster_pk in sorted(open_pks - live):
+        cluster = Cluster.objects.filter(pk=cluster_pk).first()
+        if cluster is not None:
+            drills.end_drills(cluster)
+        else:  # deleted: its drills end all the same
+            inventory.end_drills(cluster_pk, f"cluster #{cluster_pk} deleted")
+        ended += 1
+    return {"node_users_removed": users, "clusters_drills_ended": ended}
 
 
 def reap_stuck_placing(older_than_s: int = 120) -> int:

@@ -47,6 +47,12 @@ def reap_stuck_provisioning() -> int:
     return services.reap_stuck_provisioning()
 
 
+@volt_task("monitoring", soft_time_limit=240, time_limit=300)
+def reap_cluster_leftovers() -> dict:
+    """Retry what ended clusters left: their Unix user, their drills' faults and cordons."""
+    return services.reap_cluster_leftovers()
+
+
 # --- telemetry (clusters/watch.py, clusters/metrics.py, clusters/bandwidth_watch.py) -----------------
 
 

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
+from django.utils import timezone
 
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import node_firewall, node_users
@@ -156,28 +157,32 @@ def close_volt_ports(cluster: Cluster, drivers: list[HostDriver]) -> bool:
 
 
 def remove_node_user(cluster: Cluster) -> list[str]:
-    """Remove the cluster's Unix user, its processes and temp dirs; disown its storage. Problems, or []."""
-    every = list(cluster.nodes.select_related("host__provider"))
-    local = list({n.host_id: n.host for n in every if n.host.driver == DriverKind.LOCAL}.values())
-    if not cluster.node_user or not local:
+    """Remove the cluster's Unix user, its processes and temp dirs; disown its storage. Problems, or [].
+
+    Done on this machine, not through a host's driver: local hosts are folders of this machine, so the
+    user is the machine's, and a host faulted `unreachable` (a drill) or gone must not keep it alive. What
+    could not be removed stays pending (`node_user_removed_at` empty) and the reaper tries again
+    (clusters.services.reap_cluster_leftovers).
+    """
+    if not cluster.node_user or cluster.node_user_removed_at is not None:
         return []
-    problems = []
-    for host in local:  # one machine: any of its hosts that answers will do (one may be the broken one)
-        try:
-            with inventory.driver_for(host) as driver:
-                uid = node_users.uid_of(driver, cluster.node_user)
-                node_users.remove_user(
-                    driver,
-                    cluster.node_user,
-                    remove_dirs=[node_temp_dir(cluster, n) for n in every if n.slot is not None],
-                    disown_dirs=[str(shared_storage_dir(cluster))],
-                )
-                if uid is not None:  # after its processes are gone: none may slip through in between
-                    node_firewall.release(driver, namespace.current_id(), uid)
-            return []
-        except DriverError as exc:
-            problems.append(f"user {cluster.node_user} via {host.name}: {exc}")
-    return problems
+    slots = [n for n in cluster.nodes.all() if n.slot is not None]
+    try:
+        with inventory.local_machine_driver() as driver:
+            uid = node_users.uid_of(driver, cluster.node_user)
+            node_users.remove_user(
+                driver,
+                cluster.node_user,
+                remove_dirs=[node_temp_dir(cluster, n) for n in slots],
+                disown_dirs=[str(shared_storage_dir(cluster))],
+            )
+            if uid is not None:  # after its processes are gone: none may slip through in between
+                node_firewall.release(driver, namespace.current_id(), uid)
+    except DriverError as exc:
+        return [f"user {cluster.node_user}: {exc}"]
+    cluster.node_user_removed_at = timezone.now()
+    Cluster.objects.filter(pk=cluster.pk).update(node_user_removed_at=cluster.node_user_removed_at)
+    return []
 
 
 def as_node_user(cluster: Cluster, host, command: str) -> str:

@@ -166,6 +166,7 @@ def _recovery_context(user, cluster) -> dict:
         "can_drill": can_drill,
         "drills": drills.describe() if can_drill else [],
         "drill_nodes": provision.active_nodes(cluster) if can_drill else [],
+        "drill_kept_out": inventory.hosts_kept_out_by(cluster.pk) if can_drill else [],
     }
 
 

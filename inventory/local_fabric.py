@@ -15,6 +15,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from inventory import drill_effects
 from inventory import fabric_emulation as fe
 from inventory.choices import DriverKind, HostEventKind, HostState
 from inventory.drivers import faults as fault_table
@@ -155,9 +156,11 @@ def fault_value(host: Host, fault: str, value: str) -> str:
     return known.check_value(value, gpu_count)
 
 
-def inject_fault(host: Host, fault: str, value: str = "", actor=None) -> None:
-    """Inject a fault into a local host (API, console, drills); link faults reshape its links at once.
+def inject_fault(host: Host, fault: str, value: str = "", actor=None, drill=None) -> None:
+    """Inject a fault into a local host (API, console, tests, drills); link faults reshape its links at once.
 
+    `drill` (an inventory.models.HostDrill): a fault drill injects it, and takes it back when its cluster
+    ends; injected by hand where a drill holds it, the fault is real from now on and stays.
     FaultValueRefused (a value the fault does not take: `fault_value`), ValueError (unknown fault, not a
     local host, a link fault whose shaping fails: the fault is taken back) or DriverError."""
     if host.driver != DriverKind.LOCAL:
@@ -171,18 +174,23 @@ def inject_fault(host: Host, fault: str, value: str = "", actor=None) -> None:
         except fe.EmulationUnavailable as exc:
             clear_fault(sandbox, fault)
             raise ValueError(f"{fault} cannot act: shaping the links failed ({exc})") from None
-    _record(host, f"fault injected: {fault}{f' ({value})' if value else ''}", actor)
+    if drill is None:
+        drill_effects.fault_adopted(host, fault)
+    by = f" by a fault drill of cluster {drill.cluster_pk}" if drill is not None else ""
+    _record(host, f"fault injected{by}: {fault}{f' ({value})' if value else ''}", actor, drill)
 
 
-def clear_host_fault(host: Host, fault: str, actor=None) -> None:
-    """Clear a fault of a local host; link faults give its links their rate back at once."""
+def clear_host_fault(host: Host, fault: str, actor=None, reason: str = "") -> None:
+    """Clear a fault of a local host; link faults give its links their rate back at once. No drill holds it
+    any more (`reason`: why, on the host's history)."""
     if host.driver != DriverKind.LOCAL:
         raise ValueError("faults can be cleared on local hosts only")
     sandbox = _sandbox(host)
     if fault == "link_flapping":
         fe.stop_flapping(sandbox / "faults" / "link_flapping")
     clear_fault(sandbox, fault)
-    _record(host, f"fault cleared: {fault}", actor)
+    drill_effects.fault_cleared(host, fault)
+    _record(host, f"fault cleared: {fault}{f' ({reason})' if reason else ''}", actor)
     if fault in LINK_FAULTS:
         sync_after_commit()
 
@@ -199,10 +207,11 @@ def active_faults(host: Host) -> dict[str, str]:
     }
 
 
-def _record(host: Host, message: str, actor) -> None:
+def _record(host: Host, message: str, actor, drill=None) -> None:
     HostEvent.objects.create(
         host=host,
         kind=HostEventKind.HEALTH,
         message=message,
         actor=actor if actor is not None and actor.is_authenticated else None,
+        drill=drill,
     )

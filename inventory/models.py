@@ -303,9 +303,60 @@ class HostEvent(models.Model):
     to_state = models.CharField(max_length=20, blank=True)
     message = models.TextField(blank=True)
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    # A state change a fault drill caused (recovery cordoned the host after a drill hit it): undone when
+    # the drill's cluster ends (inventory.drill_effects).
+    drill = models.ForeignKey("HostDrill", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     class Meta:
         ordering = ["-at", "-id"]
 
     def __str__(self) -> str:
         return f"{self.host_id} {self.kind} {self.at:%Y-%m-%d %H:%M}"
+
+
+class HostDrill(models.Model):
+    """A fault drill run on a host for a cluster, and what it left there until that cluster ends.
+
+    The clusters app writes one row per drill before it touches the host (clusters/drills.py). It records
+    what the drill did, so only that is undone when the cluster ends: the fault file it injected
+    (`fault_held`: not a fault the host already had, which stays) and, through the cordon's HostEvent
+    (`HostEvent.drill`), a cordon recovery put on the host because of it. Inventory does not import the
+    clusters app: the cluster is named by its id and name.
+    """
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="drills")
+    cluster_pk = models.PositiveIntegerField(db_index=True, help_text="The cluster's id (clusters app).")
+    cluster_name = models.CharField(max_length=100)
+    team = models.ForeignKey("voltweb.Team", null=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    drill = models.CharField(max_length=30, help_text="kill_processes or a fault of the fault table.")
+    fault = models.CharField(max_length=30, blank=True, help_text="The fault file it injected, if any.")
+    value = models.CharField(max_length=20, blank=True)
+    fault_held = models.BooleanField(
+        default=False,
+        help_text="The fault file is this drill's to take back (the host did not have the fault already).",
+    )
+    at = models.DateTimeField(default=timezone.now)
+    fault_cleared_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(
+        null=True, blank=True, help_text="Its cluster ended and what the drill left was undone."
+    )
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.drill} on {self.host_id} for cluster {self.cluster_pk}"
+
+    @property
+    def actor_name(self) -> str:
+        return self.actor.get_username() if self.actor is not None else "a deleted user"
+
+    def note(self, state: str) -> str:
+        """What a page says of the host being `state` (cordoned, offline) because of this drill."""
+        return (
+            f"{state} after a fault drill by {self.actor_name} on cluster {self.cluster_pk} "
+            f"({self.cluster_name}): {self.drill}"
+        )

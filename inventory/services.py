@@ -36,8 +36,21 @@ from inventory.choices import (
 )
 from inventory.discovery.network import port_counts
 from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
+from inventory.drill_effects import (  # noqa: F401 - re-exported: what fault drills leave on hosts
+    clear_drill_faults,
+    drill_behind,
+    drill_holds,
+    drill_keeping_out,
+    end_drills,
+    forget_drill,
+    held_drill_fault,
+    hosts_kept_out_by,
+    open_drill_cluster_pks,
+    record_drill,
+    take_back_drill,
+)
 from inventory.drivers.base import HostDriver
-from inventory.drivers.local import LocalDriver, create_sandbox
+from inventory.drivers.local import LocalDriver, ThisMachine, create_sandbox
 from inventory.gpu_catalog import BY_MODEL, matching_models
 from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated fabric of local hosts
     active_faults,
@@ -52,10 +65,20 @@ from inventory.local_fabric import preload as _local_preload
 from inventory.local_fabric import remove_all as remove_local_fabric  # noqa: F401 - re-exported
 from inventory.local_fabric import sync as sync_local_fabric
 from inventory.local_fabric import sync_after_commit as _sync_fabric_after_commit
-from inventory.models import GPU, Block, Fabric, Host, HostEvent, Provider, ProviderMembership, Site
+from inventory.models import (
+    GPU,
+    Block,
+    Fabric,
+    Host,
+    HostDrill,
+    HostEvent,
+    Provider,
+    ProviderMembership,
+    Site,
+)
 from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
 from voltweb import crypto, realtime
-from voltweb.services import is_platform_admin
+from voltweb.services import is_platform_admin, is_team_admin
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +128,15 @@ def managed_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
 
 
 def visible_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
-    """Provider admins see their own hosts in every state; researchers see what they could get."""
+    """Provider admins see their own hosts in every state; researchers see what they could get, and the
+    hosts cordoned while a fault drill they ran lasts (to see why, and to uncordon: may_act_on_host)."""
     if is_platform_admin(user):
         return Host.objects.all()
     mine = Q(provider_id__in=managed_provider_ids(user))
     if is_researcher(user):
         mine |= Q(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
+        drilled = HostDrill.objects.filter(actor=user, ended_at__isnull=True).values("host_id")
+        mine |= Q(state=HostState.CORDONED, pk__in=drilled)
     return Host.objects.filter(mine)
 
 
@@ -253,6 +279,12 @@ def driver_for(host: Host) -> HostDriver:
         connect_timeout=min(settings.VOLT_SSH_CONNECT_TIMEOUT_S, timeout),
         command_timeout=timeout,
     )
+
+
+def local_machine_driver() -> HostDriver:
+    """The machine local hosts live on, whatever state any of them is in (a cluster's Unix user is this
+    machine's, not one host's: it is removed here even when a host is faulted `unreachable`)."""
+    return ThisMachine(default_timeout=settings.VOLT_DRIVER_TIMEOUT_S)
 
 
 @sensitive_variables("request")
@@ -509,10 +541,17 @@ HOST_ACTIONS = {  # in the order the console shows the buttons; the destructive 
 }
 
 
-def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, reason: str = "") -> Host:
+def act_on_host(
+    host: Host,
+    action: str,
+    actor: AbstractBaseUser | None = None,
+    reason: str = "",
+    drill: HostDrill | None = None,
+) -> Host:
     """Drain, cordon, uncordon, retire or re-discover a host (raises IllegalTransition from a wrong state).
 
-    Re-discovery onboards again, so it follows `add_host`'s rules (validation.HostRefused).
+    Re-discovery onboards again, so it follows `add_host`'s rules (validation.HostRefused). `drill`: the
+    fault drill that made the host fail (a drill cordon, lifted when the drill's cluster ends).
     """
     target = HOST_ACTIONS[action]
     extra: dict = {}
@@ -521,7 +560,7 @@ def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, 
         extra = {"onboarding_started_at": timezone.now(), "error_code": "", "error_message": ""}
     with transaction.atomic():
         host = transitions.transition_host(
-            host, target, reason=reason or f"{action} requested", actor=actor, extra=extra
+            host, target, reason=reason or f"{action} requested", actor=actor, extra=extra, drill=drill
         )
         if target == HostState.ONBOARDING:
             _queue_onboarding(host)
@@ -530,6 +569,42 @@ def act_on_host(host: Host, action: str, actor: AbstractBaseUser | None = None, 
         if target == HostState.RETIRED and host.driver == DriverKind.LOCAL:
             _sync_fabric_after_commit()
     return host
+
+
+def may_act_on_host(user: AbstractBaseUser, host: Host, action: str) -> bool:
+    """Provider admins (and platform admins) act on their hosts. A cordon recovery put on a host after a
+    fault drill may also be lifted by the team admin who ran the drill, while it is that drill's."""
+    if can_manage_provider(user, host.provider):
+        return True
+    if action != "uncordon" or host.state != HostState.CORDONED or not user.is_authenticated:
+        return False
+    drill = drill_keeping_out(host)
+    return (
+        drill is not None
+        and drill.actor_id == user.pk
+        and drill.team is not None
+        and is_team_admin(user, drill.team)
+    )
+
+
+def cordoned_hosts_line(limit: int = 10) -> str:
+    """ "Cordoned hosts: h100-a (after a fault drill by tom on cluster 12), ..." or "" when none: what
+    the demo's start line says, so hosts a restart leaves out of service are not a surprise."""
+    hosts = list(Host.objects.filter(state=HostState.CORDONED).order_by("name", "pk")[: limit + 1])
+    if not hosts:
+        return ""
+    parts = []
+    for host in hosts[:limit]:
+        drill = drill_keeping_out(host)
+        if drill is not None:
+            why = f"after a fault drill by {drill.actor_name} on cluster {drill.cluster_pk}"
+        else:
+            event = host.events.filter(kind=HostEventKind.STATE, to_state=HostState.CORDONED).first()
+            why = (event.message if event else "") or "cordoned"
+            why = why if len(why) <= 60 else why[:59] + "…"
+        parts.append(f"{host.name} ({why})")
+    more = Host.objects.filter(state=HostState.CORDONED).count() - limit if len(hosts) > limit else 0
+    return "Cordoned hosts: " + ", ".join(parts) + (f", and {more} more" if more else "")
 
 
 def host_history(host: Host) -> QuerySet[HostEvent]:
@@ -639,9 +714,17 @@ def record_health(host: Host, result: Discovery | DiscoveryFailed) -> str:
 
 
 def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
+    """A failed check lowers the host's reliability, unless a fault drill's fault is on the host: the
+    failure is the drill's, not the provider's (and what it does to the host's state ends with the
+    drill's cluster)."""
+    drill = held_drill_fault(host)
+    message = failure.message
+    if drill is not None:
+        message += f" (fault drill {drill.drill} by {drill.actor_name} on cluster {drill.cluster_pk})"
     with transaction.atomic():
-        Host.objects.filter(pk=host.pk).update(reliability=host.reliability * (1 - _RELIABILITY_WEIGHT))
-        HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=failure.message)
+        if drill is None:
+            Host.objects.filter(pk=host.pk).update(reliability=host.reliability * (1 - _RELIABILITY_WEIGHT))
+        HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=message, drill=drill)
         unreachable = failure.code in {"unreachable", "timeout", "auth_refused", "host_key_mismatch"}
         target = HostState.OFFLINE if unreachable else HostState.CORDONED
         if host.state in (HostState.AVAILABLE, HostState.DRAINING) or (
@@ -650,8 +733,9 @@ def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
             transitions.transition_host(
                 host,
                 target,
-                reason=failure.message,
+                reason=message,
                 extra={"error_code": failure.code, "error_message": failure.message},
+                drill=drill,
             )
             return target
     return "unchanged"

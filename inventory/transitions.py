@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 
 from inventory.choices import HostEventKind, HostState, ProviderStatus
-from inventory.models import Host, HostEvent, Provider
+from inventory.models import Host, HostDrill, HostEvent, Provider
 from voltweb import realtime, statemachine
 
 S = HostState
@@ -55,9 +55,17 @@ PROVIDER_TRANSITIONS: dict[str, dict[str, str]] = {
 
 
 def transition_host(
-    host: Host, to: str, reason: str = "", actor: AbstractBaseUser | None = None, extra: dict | None = None
+    host: Host,
+    to: str,
+    reason: str = "",
+    actor: AbstractBaseUser | None = None,
+    extra: dict | None = None,
+    drill: HostDrill | None = None,
 ) -> Host:
-    """Move a host to `to`, recording the event and broadcasting to its page after commit."""
+    """Move a host to `to`, recording the event and broadcasting to its page after commit.
+
+    `drill`: a fault drill caused the move (recovery cordoned the host after it); the event names it, so
+    the drill's cluster's end undoes it (inventory/drill_effects.py)."""
 
     def record(previous: str, target: str) -> None:
         HostEvent.objects.create(
@@ -67,6 +75,7 @@ def transition_host(
             to_state=target,
             message=reason or HOST_TRANSITIONS[previous][target],
             actor=_real(actor),
+            drill=drill,
         )
 
     def announce() -> None:

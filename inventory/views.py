@@ -98,13 +98,17 @@ def _host_context(request, pk):
         services.visible_hosts(request.user).select_related("provider", "site", "fabric", "block"), pk=pk
     )
     manages = services.can_manage_provider(request.user, host.provider)
-    actions = (
-        [a for a, target in services.HOST_ACTIONS.items() if _allowed(host.state, target)] if manages else []
-    )
+    actions = [
+        a
+        for a, target in services.HOST_ACTIONS.items()
+        if _allowed(host.state, target) and (manages or services.may_act_on_host(request.user, host, a))
+    ]
+    drill = services.drill_keeping_out(host)
     return {
         "host": host,
         "manages": manages,
         "actions": actions,
+        "drill_note": drill.note(host.get_state_display().lower()) if drill else "",
         "gpus": host.gpus.all(),
         "ports": host.ports.all() if manages else [],
         "events": services.host_history(host)[:50] if manages else [],
@@ -159,7 +163,7 @@ def host_status(request, pk):
 @require_POST
 def host_action(request, pk, action):
     host = get_object_or_404(services.visible_hosts(request.user).select_related("provider"), pk=pk)
-    if action not in services.HOST_ACTIONS or not services.can_manage_provider(request.user, host.provider):
+    if action not in services.HOST_ACTIONS or not services.may_act_on_host(request.user, host, action):
         raise Http404("No such action on a host you manage.")
     try:
         services.act_on_host(host, action, request.user, request.POST.get("reason", ""))

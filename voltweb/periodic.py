@@ -33,6 +33,11 @@ SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "monitoring"},
     },
+    "reap-cluster-leftovers": {  # ended clusters' Unix users not yet removed, their drills not yet ended
+        "task": "clusters.tasks.reap_cluster_leftovers",
+        "schedule": 60.0,
+        "options": {"queue": "monitoring"},
+    },
     "watch-clusters": {
         "task": "clusters.tasks.watch_clusters_task",
         "schedule": WATCH_INTERVAL_S,

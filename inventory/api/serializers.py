@@ -1,10 +1,11 @@
 from decimal import Decimal
 
 from django.core.validators import EmailValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from inventory import services, validation
-from inventory.choices import DriverKind, FabricKind, GpuHealth, OnboardingError
+from inventory.choices import DriverKind, FabricKind, GpuHealth, HostState, OnboardingError
 from inventory.drivers import faults as fault_table
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import GPU, Block, Fabric, Host, HostEvent, NetworkPort, Provider, Site
@@ -107,6 +108,48 @@ class HostSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class DrillNoteSerializer(serializers.Serializer):
+    """The fault drill that keeps a host out of service: recovery cordoned it after the drill hit it."""
+
+    drill = serializers.CharField()
+    by = serializers.CharField(source="actor_name")
+    cluster = serializers.IntegerField(source="cluster_pk")
+    cluster_name = serializers.CharField()
+    at = serializers.DateTimeField()
+    note = serializers.SerializerMethodField()
+
+    def get_note(self, drill) -> str:
+        return drill.note(self.context.get("state", "cordoned"))
+
+
+class HostViewSerializer(HostSerializer):
+    """One host on its own: also why it is out of service after a fault drill, and whether the caller
+    may uncordon it (its provider's admins; the team admin who ran the drill, while it is the drill's)."""
+
+    after_drill = serializers.SerializerMethodField(
+        help_text="The fault drill whose failure got the host cordoned (or offline); null when none. "
+        "Lifted when the drill's cluster ends."
+    )
+    may_uncordon = serializers.SerializerMethodField()
+
+    @extend_schema_field(DrillNoteSerializer(allow_null=True))
+    def get_after_drill(self, host: Host) -> dict | None:
+        drill = services.drill_keeping_out(host)
+        if drill is None:
+            return None
+        return DrillNoteSerializer(drill, context={"state": host.get_state_display().lower()}).data
+
+    def get_may_uncordon(self, host: Host) -> bool:
+        request = self.context.get("request")
+        if request is None or host.state != HostState.CORDONED:
+            return False
+        return services.may_act_on_host(request.user, host, "uncordon")
+
+    class Meta(HostSerializer.Meta):
+        fields = HostSerializer.Meta.fields + ["after_drill", "may_uncordon"]
+        read_only_fields = fields
+
+
 class NetworkPortSerializer(serializers.ModelSerializer):
     class Meta:
         model = NetworkPort
@@ -125,7 +168,7 @@ class NetworkPortSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class HostDetailSerializer(HostSerializer):
+class HostDetailSerializer(HostViewSerializer):
     """A provider admin's view of one host: access details, errors, discovery, unhealthy GPUs, ports."""
 
     ports = NetworkPortSerializer(many=True, read_only=True)
@@ -167,8 +210,8 @@ class HostDetailSerializer(HostSerializer):
     # "" while the host has no error: the schema must allow the blank besides the codes.
     error_code = serializers.ChoiceField(choices=OnboardingError.choices, allow_blank=True, read_only=True)
 
-    class Meta(HostSerializer.Meta):
-        fields = HostSerializer.Meta.fields + [
+    class Meta(HostViewSerializer.Meta):
+        fields = HostViewSerializer.Meta.fields + [
             "gpu_memory_mib",
             "gpu_problems",
             "ports",

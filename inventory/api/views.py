@@ -21,6 +21,11 @@ from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
+# One host: its provider's view (HostDetail) or everyone else's (HostView, which HostDetail extends).
+# anyOf, not oneOf: a HostDetail body is a valid HostView too.
+HOST_AS_SEEN = {
+    "anyOf": [{"$ref": "#/components/schemas/HostDetail"}, {"$ref": "#/components/schemas/HostView"}]
+}
 
 
 def _refused(exc: HostRefused) -> ServiceError:
@@ -144,20 +149,20 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return s.HostSerializer
 
     @extend_schema(
-        description="A host. Its provider's admins (and platform admins) also get access details and errors.",
-        responses={
-            200: {
-                "anyOf": [{"$ref": "#/components/schemas/HostDetail"}, {"$ref": "#/components/schemas/Host"}]
-            }
-        },
+        description="A host. Its provider's admins (and platform admins) also get access details and errors. "
+        "`after_drill` says when a fault drill got it cordoned; `may_uncordon` whether you may lift that.",
+        responses={200: HOST_AS_SEEN},
     )
     def retrieve(self, request, *args, **kwargs):
-        host = self.get_object()
-        serializer = s.HostDetailSerializer if self._manages(host) else s.HostSerializer
-        return Response(serializer(host).data)
+        return Response(self._shown(self.get_object()))
 
     def _manages(self, host: Host) -> bool:
         return services.can_manage_provider(self.request.user, host.provider)
+
+    def _shown(self, host: Host) -> dict:
+        """The host as the caller may see it: its provider's view, or the public one."""
+        serializer = s.HostDetailSerializer if self._manages(host) else s.HostViewSerializer
+        return serializer(host, context={"request": self.request}).data
 
     @extend_schema(
         request=s.HostCreateSerializer,
@@ -185,7 +190,7 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     def _act(self, request, pk, action_name):
         host = self.get_object()
-        if not self._manages(host):
+        if not services.may_act_on_host(request.user, host, action_name):
             raise NotFound("No such host among your provider's hosts.")
         body = s.HostActionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -197,7 +202,7 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise ServiceError(f"{exc} Current state: {exc.current}.", code="illegal_transition") from None
         except HostRefused as exc:
             raise _refused(exc) from None
-        return Response(s.HostDetailSerializer(host).data, status=status.HTTP_202_ACCEPTED)
+        return Response(self._shown(host), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
         request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer}
@@ -214,7 +219,10 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return self._act(request, pk, "cordon")
 
     @extend_schema(
-        request=s.HostActionSerializer, responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer}
+        description="Back in service. Its provider's admins (who get HostDetail's fields too); also the team "
+        "admin whose fault drill got it cordoned, while that cordon is the drill's.",
+        request=s.HostActionSerializer,
+        responses={202: s.HostViewSerializer, 409: ErrorResponseSerializer},
     )
     @action(detail=True, methods=["post"])
     def uncordon(self, request, pk=None):

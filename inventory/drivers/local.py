@@ -137,6 +137,46 @@ class LocalDriver(HostDriver):
         return target
 
 
+class ThisMachine(HostDriver):
+    """Commands on this machine itself, outside every sandbox: machine-wide work for local hosts.
+
+    Local hosts are folders of this machine and share its users, processes and files, so what belongs to
+    the machine rather than to one host (a cluster's Unix user) is done here, whatever the state of any
+    host: a sandbox faulted `unreachable` refuses its commands, and a retired host's may be gone.
+    """
+
+    address = "this machine"
+
+    def __init__(self, default_timeout: float = 30.0):
+        self.default_timeout = default_timeout
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        limit = timeout or self.default_timeout
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd="/",
+            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise CommandTimeout(
+                f"{command!r} on this machine ran past {limit:g} s and was stopped."
+            ) from None
+        return CommandResult(proc.returncode, stdout, stderr)
+
+    def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:
+        shutil.copyfile(local_path, remote_path)
+
+    def check_reachable(self, timeout: float | None = None) -> None:
+        return None
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)

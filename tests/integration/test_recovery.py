@@ -297,3 +297,26 @@ def test_policy_shrink_reforms_on_the_survivors_when_no_host_is_free(alice, team
     assert survivor.host_id != head.host_id and len(provision.active_nodes(cluster)) == 1
     assert not Allocation.objects.filter(cluster=cluster, active=True, node__host_id=head.host_id).exists()
     assert running_hosts(cluster) == {survivor.host.name}
+
+
+def test_a_drill_cordon_ends_with_the_cluster(alice, root, team_a, hosts, settings):
+    """Issue 21 finding 4, end to end: a drill kills a worker's processes, the real watch and recovery
+    replace it and cordon its host as the drill's; terminate lifts that cordon (the host passes its
+    health check), and the same hosts serve the next cluster."""
+    settings.VOLT_AUTO_RECOVER = False  # the task bodies run here, in order
+    cluster = ready_cluster(team_a, alice, 2, "drilled")
+    worker = node_of(cluster, head=False)
+    drills.run_drill(cluster, root, "kill_processes", rank=worker.rank)
+    sweep_until_degraded(cluster)
+    assert recovery.recover_cluster(cluster.pk) == "ready", timeline(cluster)
+    drilled = Host.objects.get(pk=worker.host_id)
+    cordon = drilled.events.filter(to_state="cordoned").first()
+    assert drilled.state == "cordoned" and cordon.drill is not None and cordon.drill.actor == root
+    assert "after a fault drill (kill_processes by root)" in cordon.message
+
+    services.terminate_cluster(Cluster.objects.get(pk=cluster.pk), root, wait=True)
+
+    drilled.refresh_from_db()
+    assert drilled.state == "available", list(drilled.events.values_list("message", flat=True)[:5])
+    assert "cordon after a fault drill lifted" in drilled.events.filter(to_state="available").first().message
+    assert not Host.objects.filter(state="cordoned").exists()

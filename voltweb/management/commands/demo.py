@@ -140,6 +140,11 @@ class Command(BaseCommand):
         }
         for user in USERS:
             self.stdout.write(f"  {user:<6} {roles.get(user, '')}")
+        from inventory import services as inventory
+
+        cordoned = inventory.cordoned_hosts_line()
+        if cordoned:  # out of service since the last run: uncordon them on their host pages
+            self.stdout.write(self.style.WARNING(cordoned))
         self.stdout.write("API docs: /api/docs/   Stop: Ctrl-C\n")
 
     def _supervise(self, children, exit_after: float) -> None:

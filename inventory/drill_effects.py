@@ -1,0 +1,204 @@
+"""What fault drills leave on hosts, and taking it back when their cluster ends (issue 21, finding 4).
+
+A drill (clusters/drills.py) is recorded here as a HostDrill row before it touches the host. Two things
+can outlast it: the fault file it injected, and a cordon recovery put on the host because the drill made
+the node there fail (that cordon's HostEvent names the drill). When the cluster ends, terminated or
+failed, both are undone, and only those: a fault the host already had, or a cordon someone else put,
+stays.
+
+    cluster ends ─▶ clear_drill_faults(): the fault files its drills hold (unless a drill of another live
+                    cluster holds the same one), before its hosts are torn down: they answer again
+                 ─▶ end_drills(): faults again (a drill that raced the end), then every host its drills left
+                    cordoned or offline is health-checked: passing → back in service ("cordon after a
+                    fault drill lifted"), failing → stays out with the check's message (a real fault);
+                    its rows are closed
+    beat ─▶ clusters' reaper ends the drills of clusters that ended without it (a worker died)
+
+A failed health check while a drill's fault is on the host is the drill's, not the provider's: it does
+not lower the host's reliability (inventory.services.record_health).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from inventory.choices import HostEventKind, HostState
+from inventory.models import Host, HostDrill, HostEvent
+
+# The states a drill can leave a host in: recovery cordons a failed node's host; a health sweep marks an
+# `unreachable` one offline.
+_LEFT_OUT = (HostState.CORDONED, HostState.OFFLINE)
+
+
+def record_drill(
+    host: Host,
+    *,
+    cluster_pk: int,
+    cluster_name: str,
+    team,
+    actor: AbstractBaseUser | None,
+    drill: str,
+    fault: str = "",
+    value: str = "",
+) -> HostDrill:
+    """The row of a drill about to run on `host`. A fault the host already has (not a drill's) is real: the
+    drill does not hold it, so its cluster's end leaves it there."""
+    from inventory.local_fabric import active_faults
+
+    held = bool(fault) and (fault not in active_faults(host) or _holding(host.pk, fault).exists())
+    return HostDrill.objects.create(
+        host=host,
+        cluster_pk=cluster_pk,
+        cluster_name=cluster_name[:100],
+        team=team,
+        actor=actor if actor is not None and actor.is_authenticated else None,
+        drill=drill,
+        fault=fault,
+        value=value[:20],
+        fault_held=held,
+    )
+
+
+def forget_drill(drill: HostDrill) -> None:
+    """A drill that did nothing to the host (refused, or no process to kill) leaves no row."""
+    HostDrill.objects.filter(pk=drill.pk).delete()
+
+
+def _holding(host_id: int, fault: str) -> QuerySet[HostDrill]:
+    return HostDrill.objects.filter(
+        host_id=host_id, fault=fault, fault_held=True, fault_cleared_at__isnull=True
+    )
+
+
+def fault_cleared(host: Host, fault: str) -> None:
+    """The fault file is gone (cleared by a drill, by hand, or at a cluster's end): no drill holds it now."""
+    _holding(host.pk, fault).update(fault_cleared_at=timezone.now())
+
+
+def fault_adopted(host: Host, fault: str) -> None:
+    """Someone injected by hand a fault a drill holds: it is theirs now, and stays when the cluster ends."""
+    _holding(host.pk, fault).update(fault_held=False)
+
+
+def drill_holds(host: Host, cluster_pk: int, fault: str) -> bool:
+    """Whether a drill of the cluster put `fault` on the host and it is still there (the drill may clear it)."""
+    return _holding(host.pk, fault).filter(cluster_pk=cluster_pk).exists()
+
+
+def drill_behind(host_id: int, cluster_pk: int) -> HostDrill | None:
+    """The latest drill of a live cluster on `host_id`: a failure of its node there is the drill's doing."""
+    return (
+        HostDrill.objects.filter(host_id=host_id, cluster_pk=cluster_pk, ended_at__isnull=True)
+        .select_related("actor")
+        .first()
+    )
+
+
+def held_drill_fault(host: Host) -> HostDrill | None:
+    """A drill's fault on the host now, while its cluster lives: the host fails its checks because of it."""
+    return (
+        HostDrill.objects.filter(
+            host_id=host.pk, fault_held=True, fault_cleared_at__isnull=True, ended_at__isnull=True
+        )
+        .select_related("actor")
+        .first()
+    )
+
+
+def drill_keeping_out(host: Host) -> HostDrill | None:
+    """The drill whose effect keeps the host out of service now (a cordon after it), while its cluster lives.
+
+    The host's latest state change says: a cordon (or offline) recorded with a drill. A later change by
+    anyone else (a manual cordon, an uncordon) is the latest instead, and the host is no drill's any more.
+    """
+    if host.state not in _LEFT_OUT:
+        return None
+    event = (
+        HostEvent.objects.filter(host_id=host.pk, kind=HostEventKind.STATE)
+        .select_related("drill__actor", "drill__team")
+        .order_by("-at", "-id")
+        .first()
+    )
+    drill = event.drill if event is not None else None
+    return drill if drill is not None and drill.ended_at is None else None
+
+
+def clear_drill_faults(cluster_pk: int, why: str) -> int:
+    """Take back the fault files the cluster's drills hold. Returns how many files were removed."""
+    from inventory.local_fabric import clear_host_fault
+
+    removed = 0
+    rows = HostDrill.objects.filter(
+        cluster_pk=cluster_pk, fault_held=True, fault_cleared_at__isnull=True
+    ).select_related("host__provider")
+    for row in rows:
+        shared = _holding(row.host_id, row.fault).exclude(cluster_pk=cluster_pk).filter(ended_at__isnull=True)
+        if shared.exists():  # a live cluster's drill put it there too: its own end takes it back
+            HostDrill.objects.filter(pk=row.pk).update(fault_cleared_at=timezone.now())
+            continue
+        clear_host_fault(row.host, row.fault, reason=why)
+        removed += 1
+    return removed
+
+
+def take_back_drill(drill: HostDrill, why: str) -> None:
+    """Remove the fault file `drill` put there (a drill that raced its cluster's end: the end may have run
+    before the file was written), unless a drill of another live cluster holds it too."""
+    from inventory.local_fabric import clear_host_fault
+
+    if not drill.fault_held:
+        return
+    shared = _holding(drill.host_id, drill.fault).exclude(cluster_pk=drill.cluster_pk)
+    if not shared.filter(ended_at__isnull=True).exists():
+        clear_host_fault(
+            Host.objects.select_related("provider").get(pk=drill.host_id), drill.fault, reason=why
+        )
+
+
+def end_drills(cluster_pk: int, why: str) -> None:
+    """The cluster ended: nothing its drills did stays on its hosts (see the module docstring). Idempotent."""
+    clear_drill_faults(cluster_pk, why)
+    rows = list(HostDrill.objects.filter(cluster_pk=cluster_pk, ended_at__isnull=True).select_related("host"))
+    for host_id in sorted({row.host_id for row in rows}):
+        _restore(Host.objects.select_related("provider").get(pk=host_id), cluster_pk, why)
+    HostDrill.objects.filter(pk__in=[row.pk for row in rows]).update(ended_at=timezone.now())
+
+
+def _restore(host: Host, cluster_pk: int, why: str) -> None:
+    """Back in service if the host is out because of this cluster's drill and passes a health check now."""
+    from inventory import services
+    from inventory.discovery.probe import DiscoveryFailed
+
+    drill = drill_keeping_out(host)
+    if drill is None or drill.cluster_pk != cluster_pk:
+        return
+    result = services.probe_host(host)
+    if isinstance(result, DiscoveryFailed):
+        HostEvent.objects.create(
+            host=host,
+            kind=HostEventKind.ERROR,
+            message=f"stays {host.state} after its fault drill ended ({why}): "
+            f"its health check fails: {result.message}",
+        )
+        return
+    if host.state == HostState.CORDONED:
+        services.act_on_host(host, "uncordon", reason=f"cordon after a fault drill lifted: {why}")
+    services.record_health(Host.objects.select_related("provider").get(pk=host.pk), result)
+
+
+def hosts_kept_out_by(cluster_pk: int) -> list[tuple[Host, HostDrill]]:
+    """The hosts a live cluster's drills keep out of service now (cordoned or offline after them)."""
+    host_ids = HostDrill.objects.filter(cluster_pk=cluster_pk, ended_at__isnull=True).values("host_id")
+    kept = []
+    for host in Host.objects.filter(pk__in=host_ids, state__in=_LEFT_OUT).order_by("name"):
+        drill = drill_keeping_out(host)
+        if drill is not None and drill.cluster_pk == cluster_pk:
+            kept.append((host, drill))
+    return kept
+
+
+def open_drill_cluster_pks() -> set[int]:
+    """Clusters with drills not yet ended (the clusters app's reaper ends those of ended clusters)."""
+    return set(HostDrill.objects.filter(ended_at__isnull=True).values_list("cluster_pk", flat=True))
