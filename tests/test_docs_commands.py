@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -81,7 +82,9 @@ def test_every_documented_bench_exists_and_takes_the_flags_the_page_gives_it():
         )
         assert helped.returncode == 0, helped.stderr[-2000:]
         unknown = {flag for flag in flags if flag not in helped.stdout}
-        assert not unknown, f"docs/benchmarks.md gives bench/{script}.py {sorted(unknown)}, which it does not take"
+        assert not unknown, (
+            f"docs/benchmarks.md gives bench/{script}.py {sorted(unknown)}, which it does not take"
+        )
 
 
 def test_the_inventory_bench_runs_as_documented_at_its_smallest_size(tmp_path, bench_database):
@@ -104,3 +107,64 @@ def test_the_churn_benches_run_as_documented_at_their_smallest_sizes(tmp_path):
     assert bench(tmp_path, "churn", "--load", "1.1", "--flat-prices", *small)["flat_prices"] is True
     assert bench(tmp_path, "churn", "--load", "1.1", "--comm-share", "0.05", *small)["comm_share"] == 0.05
     assert bench(tmp_path, "churn_diagnose", *small, "--day", "2")["bench"] == "churn_diagnose"
+
+
+# --- docs/cli.md -----------------------------------------------------------------------------------
+
+CLI_DOC = REPO / "docs" / "cli.md"
+# `volt ...` or `python3 ci/volt.py ...` in a code block (after `$ `, an environment prefix or a YAML `- `).
+VOLT_COMMAND = re.compile(r"(?:^|[\s$])(?:volt|python3 ci/volt\.py)\s+((?:clusters|jobs|--)\S*.*)$")
+
+
+def cli_doc_commands() -> list[str]:
+    """Every `volt` command line of docs/cli.md's code blocks, continuation lines joined (a shell's `\\`,
+    YAML's folded lines that are indented further), shell expansions replaced by a cluster id."""
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", CLI_DOC.read_text(), flags=re.S)
+    commands = []
+    for block in blocks:
+        if "[--" in block:  # the usage synopsis (placeholders), not commands to run
+            continue
+        lines: list[tuple[str, int]] = []  # (line, indent of its first physical line)
+        for line in block.splitlines():
+            indent = len(line) - len(line.lstrip())
+            previous, depth = lines[-1] if lines else ("", 0)
+            shell = previous.endswith("\\")
+            folded = (  # a YAML list item holding a volt command, continued on more indented lines
+                previous.lstrip().startswith("- ")
+                and "volt" in previous
+                and indent > depth
+                and not line.lstrip().startswith("- ")
+            )
+            if shell or folded:
+                lines[-1] = (previous.rstrip("\\ ") + " " + line.strip(), depth)
+            else:
+                lines.append((line, indent))
+        for line, _ in lines:
+            match = VOLT_COMMAND.search(line.split(" #")[0])
+            if match:
+                commands.append(match.group(1))
+    return commands
+
+
+def test_every_volt_command_in_the_cli_guide_parses():
+    from voltweb import cli
+
+    commands = cli_doc_commands()
+    assert any(c.startswith("jobs submit") for c in commands) and len(commands) > 10, commands
+    for command in commands:
+        text = re.sub(r'"\$\(.*?\)"|\$\{\{[^}]*\}\}|\$\w+', "7", command)
+        text = re.sub(r"\s*(?:>|\|).*$", "", text)  # the output's redirection or pipe
+        words = shlex.split(text)
+        try:
+            cli.build_parser().parse_args(words)
+        except (SystemExit, cli.UsageError) as exc:
+            pytest.fail(f"docs/cli.md: `volt {command}` does not parse: {exc}")
+
+
+def test_the_cli_guide_never_calls_a_clusters_head_without_its_token():
+    """Every cluster's head answers 401 without its token: a `ray job submit` in the guide must carry it."""
+    text = CLI_DOC.read_text()
+    assert "next milestone" not in text
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        if "ray job submit" in block:
+            assert "RAY_AUTH_TOKEN=" in block and "RAY_AUTH_MODE=token" in block, block
