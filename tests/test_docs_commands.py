@@ -168,3 +168,30 @@ def test_the_cli_guide_never_calls_a_clusters_head_without_its_token():
     for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
         if "ray job submit" in block:
             assert "RAY_AUTH_TOKEN=" in block and "RAY_AUTH_MODE=token" in block, block
+
+
+# --- the other pages ---------------------------------------------------------------------------------
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_tables_are_whole_and_no_paragraph_is_said_twice(page):
+    """docs/api.md had a table cut in two by a paragraph (its second half no longer a table) and the
+    SSH key download described twice."""
+    text = page.read_text()
+    lines = text.splitlines()
+    runs, start = [], None
+    for number, line in enumerate([*lines, ""]):
+        if line.startswith("|") and start is None:
+            start = number
+        elif not line.startswith("|") and start is not None:
+            runs.append((start, number))
+            start = None
+    for first, end in runs:
+        assert end - first >= 2 and re.match(r"^\|[\s:|-]+\|$", lines[first + 1]), (
+            f"{page.name}:{first + 1}: table rows without a header: {lines[first][:80]}"
+        )
+    starts = [p.strip()[:60] for p in text.split("\n\n") if len(p.strip()) > 80 and not p.startswith("```")]
+    repeated = {p for p in starts if starts.count(p) > 1}
+    assert not repeated, f"{page.name} says these twice: {repeated}"
