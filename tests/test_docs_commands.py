@@ -195,3 +195,19 @@ def test_tables_are_whole_and_no_paragraph_is_said_twice(page):
     starts = [p.strip()[:60] for p in text.split("\n\n") if len(p.strip()) > 80 and not p.startswith("```")]
     repeated = {p for p in starts if starts.count(p) > 1}
     assert not repeated, f"{page.name} says these twice: {repeated}"
+
+
+def test_the_architecture_page_tells_the_truth_about_retries_and_the_probe():
+    """It claimed task retries that no task uses, and called the probe a Ray job in two places."""
+    import clusters.tasks  # noqa: F401 - every task registered
+    import inventory.tasks  # noqa: F401
+    import jobs.tasks  # noqa: F401
+    from voltweb.celery import app
+
+    assert "jobs.tasks.poll_job_task" in app.tasks
+    text = (REPO / "docs" / "architecture.md").read_text()
+    retrying = sorted(name for name, task in app.tasks.items() if getattr(task, "autoretry_for", ()))
+    assert retrying == [] and "no task names any" in text, (
+        f"tasks that retry: {retrying}: say so in docs/architecture.md 'Tasks'"
+    )
+    assert "the probe job" not in text and "probe\n  ships as a Ray working_dir" not in text
