@@ -269,8 +269,7 @@ class Recovery(models.Model):
     """One automatic recovery of a cluster (clusters/recovery.py): what failed, what replaced it, and when.
 
     `phases` is the list of phases with their start and end times ({"phase", "started", "ended"});
-    `jobs` is what the jobs app's hook resumed ({"job", "checkpoint_step", "last_step", "steps_lost",
-    "gpu_hours_lost", "resumed_at"} each).
+    `jobs` is what the jobs app's hook resumed, one row per job (clusters/recovery.py, "Accounting").
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="recoveries")
@@ -290,13 +289,25 @@ class Recovery(models.Model):
     replacement_placed_at = models.DateTimeField(null=True, blank=True)
     replacement_ready_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
-    job_resumed_at = models.DateTimeField(null=True, blank=True)
+    job_resubmitted_at = models.DateTimeField(
+        null=True, blank=True, help_text="The interrupted jobs were handed to Ray again."
+    )
+    training_resumed_at = models.DateTimeField(
+        null=True, blank=True, help_text="A resubmitted job logged a training step again (its own clock)."
+    )
     ended_at = models.DateTimeField(null=True, blank=True)
     phases = models.JSONField(default=list)
     jobs = models.JSONField(default=list)
     checkpoint_step = models.IntegerField(null=True, blank=True)
     steps_lost = models.IntegerField(null=True, blank=True)
-    gpu_hours_lost = models.FloatField(null=True, blank=True, help_text="GPUs of the cluster x downtime.")
+    steps_lost_is_lower_bound = models.BooleanField(
+        default=False, help_text="The job may have stepped past the last step it logged."
+    )
+    gpu_hours_lost = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="GPUs of the cluster x (detection -> training stepped again + the lost steps' time).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

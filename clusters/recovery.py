@@ -20,8 +20,16 @@
 
 Hooks keep the dependency direction (jobs → clusters): the jobs app registers an object with
 `stop(cluster, recovery)` and `resume(cluster, recovery) -> list[dict]` at start-up (register_hook);
-this module never imports it. A resume() result is one dict per job resumed: {"job", "checkpoint_step",
-"last_step", "steps_lost", "gpu_hours_lost"}; they are stored on the record (`jobs`) and summed.
+this module never imports it. A resume() result is one dict per job resumed: {"job", "name", "attempt",
+"checkpoint_step", "checkpoint_path", "last_step", "steps_lost", "steps_lost_is_lower_bound", "step_s",
+"resubmitted_at"}; they are stored on the record (`jobs`) with the accounting below.
+
+Accounting. Two moments after READY: the jobs are resubmitted (`job_resubmitted_at`), and later a
+resubmitted job logs a training step again (`training_resumed_at`, the workload's own clock, recorded by
+the jobs app through training_resumed()). Lost work per job = the cluster's GPUs x (detection → its
+training stepped again, until then → its resubmission) + its lost steps x its mean step time. The
+record's `gpu_hours_lost` counts the downtime once: GPUs x (detection → the first job stepping again, or
+the resubmission, or the recovery's end when no job was resumed) + every job's lost steps' time.
 
 Every phase change is saved on the record (`phases`: start and end of each), noted on the cluster's
 timeline and broadcast on the cluster's group as a `recovery` event, so the page shows it live.
@@ -32,6 +40,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from datetime import datetime
 
 from django.conf import settings
 from django.core.cache import cache
@@ -325,20 +334,67 @@ def _end(cluster: Cluster, recovery: Recovery, status: str, message: str) -> Non
         phases[-1]["ended"] = now.isoformat()
     phase = {R.SUCCEEDED: "done"}.get(status, status)
     phases.append({"phase": phase, "started": now.isoformat(), "ended": now.isoformat()})
-    spec = cluster.spec or {}
-    gpus = int(spec.get("nodes") or 0) * int(spec.get("gpus_per_node") or 0)
-    hours = (now - recovery.detected_at).total_seconds() / 3600 * gpus
-    _set(
-        recovery,
-        status=status,
-        phase=phase,
-        phases=phases,
-        message=message[:2000],
-        ended_at=now,
-        waiting_reason="",
-        gpu_hours_lost=round(hours + sum(j.get("gpu_hours_lost") or 0 for j in recovery.jobs), 4),
-    )
+    with transaction.atomic():  # training_resumed() may record a job stepping again at the same time
+        fresh = Recovery.objects.select_for_update().only("training_resumed_at", "jobs").get(pk=recovery.pk)
+        recovery.training_resumed_at, recovery.jobs = fresh.training_resumed_at, fresh.jobs
+        recovery.ended_at = now
+        _set(recovery, status=status, phase=phase, phases=phases, message=message[:2000], ended_at=now,
+             waiting_reason="", gpu_hours_lost=_record_gpu_hours(recovery, _gpus(cluster)))  # fmt: skip
     _announce(cluster, recovery)
+
+
+def _gpus(cluster: Cluster) -> int:
+    spec = cluster.spec or {}
+    return int(spec.get("nodes") or 0) * int(spec.get("gpus_per_node") or 0)
+
+
+def _lost_steps_s(row: dict) -> float:
+    return (row.get("steps_lost") or 0) * (row.get("step_s") or 0.0)
+
+
+def _job_gpu_hours(row: dict, detected_at, gpus: int) -> float:
+    """One job's lost work: GPUs x (detection → it stepped again, or its resubmission; + its lost steps)."""
+    until = row.get("training_resumed_at") or row.get("resubmitted_at")
+    idle_s = max(0.0, (datetime.fromisoformat(until) - detected_at).total_seconds()) if until else 0.0
+    return round(gpus * (idle_s + _lost_steps_s(row)) / 3600, 4)
+
+
+def _record_gpu_hours(recovery: Recovery, gpus: int) -> float | None:
+    """The record's total: the cluster's downtime once, plus each job's lost steps (see the docstring)."""
+    until = recovery.training_resumed_at or recovery.job_resubmitted_at or recovery.ended_at
+    if until is None:
+        return None
+    idle_s = max(0.0, (until - recovery.detected_at).total_seconds())
+    return round(gpus * (idle_s + sum(_lost_steps_s(row) for row in recovery.jobs)) / 3600, 4)
+
+
+def training_resumed(cluster_id: int, job_id: int, attempt: int, at) -> bool:
+    """The jobs app saw `attempt` of job `job_id` log its first training step at `at` (the workload's
+    clock): recorded on the recovery that resubmitted it, its GPU-hours counted to then. Returns whether a
+    recovery took it (a first attempt, or one resubmitted by hand, has none)."""
+    with transaction.atomic():
+        candidates = Recovery.objects.filter(cluster_id=cluster_id, job_resubmitted_at__isnull=False)
+        for recovery in candidates.select_for_update().order_by("-detected_at", "-id")[:20]:
+            rows = [dict(row) for row in recovery.jobs]
+            row = next((r for r in rows if r.get("job") == job_id and r.get("attempt") == attempt), None)
+            if row is None:
+                continue
+            if row.get("training_resumed_at"):
+                return True
+            gpus = row.get("gpus") or _gpus(recovery.cluster)
+            row["training_resumed_at"] = at.isoformat()
+            row["training_resumed_s"] = round((at - recovery.detected_at).total_seconds(), 3)
+            row["gpu_hours_lost"] = _job_gpu_hours(row, recovery.detected_at, gpus)
+            recovery.jobs = rows
+            if recovery.training_resumed_at is None or at < recovery.training_resumed_at:
+                recovery.training_resumed_at = at
+            fields = {"jobs": rows, "training_resumed_at": recovery.training_resumed_at}
+            if recovery.ended_at is not None:
+                fields["gpu_hours_lost"] = _record_gpu_hours(recovery, _gpus(recovery.cluster))
+            _set(recovery, **fields)
+            transaction.on_commit(lambda done=recovery: _announce(done.cluster, done))
+            return True
+    return False
 
 
 def _stop_work(cluster: Cluster, recovery: Recovery) -> None:
@@ -358,13 +414,18 @@ def _resume_work(cluster: Cluster, recovery: Recovery) -> None:
             logger.exception("recovery hook %r failed to resume work on cluster %s", hook, cluster.pk)
             provision.note(cluster, "recovery: resuming the cluster's jobs failed (see the jobs' pages)")
     if resumed:
+        gpus = _gpus(cluster)
+        for row in resumed:
+            row["gpus"] = gpus
+            row["gpu_hours_lost"] = _job_gpu_hours(row, recovery.detected_at, gpus)
         first = resumed[0]
         _set(
             recovery,
             jobs=resumed,
-            job_resumed_at=timezone.now(),
+            job_resubmitted_at=min(datetime.fromisoformat(r["resubmitted_at"]) for r in resumed),
             checkpoint_step=first.get("checkpoint_step"),
             steps_lost=first.get("steps_lost"),
+            steps_lost_is_lower_bound=bool(first.get("steps_lost_is_lower_bound")),
         )
 
 
@@ -393,15 +454,18 @@ def as_json(recovery: Recovery) -> dict:
         "replacement_placed_at": iso(recovery.replacement_placed_at),
         "replacement_ready_at": iso(recovery.replacement_ready_at),
         "ready_at": iso(recovery.ready_at),
-        "job_resumed_at": iso(recovery.job_resumed_at),
+        "job_resubmitted_at": iso(recovery.job_resubmitted_at),
+        "training_resumed_at": iso(recovery.training_resumed_at),
         "ended_at": iso(recovery.ended_at),
         "replacement_ready_s": seconds(recovery.replacement_ready_at),
         "ready_s": seconds(recovery.ready_at),
-        "resumed_s": seconds(recovery.job_resumed_at),
+        "job_resubmitted_s": seconds(recovery.job_resubmitted_at),
+        "training_resumed_s": seconds(recovery.training_resumed_at),
         "phases": recovery.phases,
         "jobs": recovery.jobs,
         "checkpoint_step": recovery.checkpoint_step,
         "steps_lost": recovery.steps_lost,
+        "steps_lost_is_lower_bound": recovery.steps_lost_is_lower_bound,
         "gpu_hours_lost": recovery.gpu_hours_lost,
     }
 

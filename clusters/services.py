@@ -678,6 +678,13 @@ def cluster_ray_token(cluster: Cluster) -> str:
     return tenancy.ray_auth_token(cluster)
 
 
+def record_training_resumed(cluster_id: int, job_id: int, attempt: int, at) -> bool:
+    """A resubmitted job stepped again: its recovery's record counts its lost GPU-hours up to `at`."""
+    from clusters import recovery
+
+    return recovery.training_resumed(cluster_id, job_id, attempt, at)
+
+
 def cluster_private_key(cluster: Cluster) -> str:
     """The cluster's SSH private key (OpenSSH), for Volt's own use; people get it via download_cluster_key."""
     from voltweb import crypto

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.text import slugify
@@ -437,7 +437,7 @@ def onboard_host(host_id: int) -> Host:
     except ValueError as exc:
         return _fail_onboarding(host, "driver_error", str(exc))
     try:
-        return _complete_onboarding(host, discovery, seen_key)
+        return _record_discovery(host, discovery, seen_key)
     except onboarding.GpuOwnedElsewhere as exc:
         return _fail_onboarding(host, OnboardingError.GPU_OWNED_ELSEWHERE, str(exc))
     except Exception as exc:  # noqa: BLE001 - a host must never sit in ONBOARDING with no error
@@ -448,6 +448,27 @@ def onboard_host(host_id: int) -> Host:
             f"Discovery succeeded but Volt could not record it ({exc.__class__.__name__}: {exc}); "
             "retry onboarding, and report it to the platform admins if it fails again.",
         )
+
+
+RECORD_ATTEMPTS = 3
+
+
+def _record_discovery(host: Host, discovery: Discovery, seen_key: str | None) -> Host:
+    """Record a discovery; a database still locked after its busy timeout (SQLite, the demo) is tried again.
+
+    The recording is one transaction, rolled back whole when it fails, so trying again is safe; the
+    discovery itself (minutes on a slow host) is not repeated.
+    """
+    for attempt in range(1, RECORD_ATTEMPTS + 1):
+        try:
+            return _complete_onboarding(host, discovery, seen_key)
+        except OperationalError as exc:
+            if attempt == RECORD_ATTEMPTS or "locked" not in str(exc):
+                raise
+            logger.warning("recording the discovery of host %s: %s; trying again (%d)", host.pk, exc, attempt)
+            time.sleep(attempt)
+            host.refresh_from_db()
+    raise AssertionError("unreachable")
 
 
 def _fail_onboarding(host: Host, code: str, message: str) -> Host:

@@ -45,6 +45,10 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     first_step_at = models.DateTimeField(null=True, blank=True, help_text="First training step logged.")
     last_step = models.IntegerField(null=True, blank=True)
+    # This attempt's step events (jobs.services.apply_events): {"first": [step, time], "last": [step, time],
+    # "previous": the step logged before the last}; reset by a resubmission. Recovery reads when training
+    # stepped again, the mean step time and whether "steps lost" is exact from it (jobs/recovery.py).
+    attempt_steps = models.JSONField(default=dict, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True, help_text="The workload's `done` event.")
     # Log bookkeeping: characters stored in JobLogChunk rows, and bytes read of the current Ray submission's

@@ -8,10 +8,13 @@
     resume(cluster, recovery) once the cluster is READY again: each interrupted job is resubmitted with
                               VOLT_RESUME_FROM = its last synchronized checkpoint (rescanned first: a
                               checkpoint written during the failure, shards without a manifest, is never
-                              chosen); steps lost = the last step it logged − the step resumed from
+                              chosen); steps lost = the last step it reached (its step and checkpoint
+                              events: services.steps_reached) − the step resumed from, a lower bound
+                              unless it logs every step
 
-GPU-hours lost per recovery and job = the cluster's GPUs × (detection → resubmission + steps lost × the
-job's mean step time); gpu_hours_lost(job) sums them over every recovery of the job.
+clusters/recovery.py turns each row into GPU-hours lost (the cluster's GPUs × (detection → the job
+stepped again + its lost steps × its mean step time)); gpu_hours_lost(job) sums them over every recovery
+of the job. When a resubmitted attempt logs its first step, services.apply_events tells the recovery.
 """
 
 from __future__ import annotations
@@ -57,34 +60,26 @@ class JobsRecovery:
 
     def resume(self, cluster, recovery: Recovery) -> list[dict]:
         resumed = []
-        gpus = int((cluster.spec or {}).get("nodes") or 0) * int(
-            (cluster.spec or {}).get("gpus_per_node") or 0
-        )
         for job in services.jobs_to_resume(cluster):
             checkpoint = services.latest_synchronized_checkpoint(job)
             job.refresh_from_db()
-            last = job.last_step
+            reached = services.steps_reached(job, recovery.detected_at)
+            last = reached["last_step"]
             step = checkpoint.step if checkpoint else 0
             lost = max(0, (last or 0) - step)
-            job = services.resubmit_job(job, resume_from=checkpoint.path if checkpoint else None)
-            now = timezone.now()
-            step_s = _mean_step_s(job, recovery)
-            downtime_s = (now - recovery.detected_at).total_seconds()
-            hours = gpus * (downtime_s + lost * step_s) / 3600
+            lower_bound = reached["is_lower_bound"]
+            job = services.resubmit_job(job, resume_from=checkpoint.path if checkpoint else None,
+                                        from_step=checkpoint.step if checkpoint else None)  # fmt: skip
             resumed.append({
                 "job": job.pk, "name": job.name, "attempt": job.attempt, "last_step": last,
                 "checkpoint_step": checkpoint.step if checkpoint else None,
                 "checkpoint_path": checkpoint.path if checkpoint else None, "steps_lost": lost,
-                "gpu_hours_lost": round(hours, 4), "resumed_at": now.isoformat(),
+                "steps_lost_is_lower_bound": lower_bound, "step_s": reached["step_s"],
+                "resubmitted_at": timezone.now().isoformat(), "training_resumed_at": None,
             })  # fmt: skip
-            services.note(job, f"resumed by recovery from step {step} ({lost} step(s) lost)")
+            at_least = "at least " if lower_bound else ""
+            services.note(job, f"resubmitted by recovery from step {step} ({at_least}{lost} step(s) lost)")
         return resumed
-
-
-def _mean_step_s(job: Job, recovery: Recovery) -> float:
-    if not job.first_step_at or not job.last_step:
-        return 0.0
-    return max(0.0, (recovery.detected_at - job.first_step_at).total_seconds() / max(1, job.last_step))
 
 
 def gpu_hours_lost(job: Job) -> float:

@@ -788,11 +788,25 @@ def apply_events(job: Job, events: list[dict]) -> bool:
     updates: dict[str, Any] = {}
     rescan = False
     last_step = job.last_step
+    marks = dict(job.attempt_steps or {})
+    stepped_again = None  # a resubmitted attempt's first step: when
     for event in events:
         kind, step = event.get("kind"), _number(event.get("step"))
         if step is not None and kind in ("step", "done", "checkpoint", "busbw"):
             last_step = max(int(step), last_step if last_step is not None else int(step))
             updates["last_step"] = last_step
+        if kind == "step" and step is not None:
+            when = _number(event.get("time"))
+            at = datetime.fromtimestamp(when, UTC) if when else timezone.now()
+            mark = [int(step), at.timestamp()]
+            if "first" not in marks:
+                marks["first"] = mark
+                stepped_again = at if job.attempt > 1 else None
+            if "last" not in marks or mark[0] > marks["last"][0]:
+                if "last" in marks:
+                    marks["previous"] = marks["last"][0]
+                marks["last"] = mark
+            updates["attempt_steps"] = marks
         if kind == "step" and job.first_step_at is None and "first_step_at" not in updates:
             when = _number(event.get("time"))
             updates["first_step_at"] = datetime.fromtimestamp(when, UTC) if when else timezone.now()
@@ -812,7 +826,31 @@ def apply_events(job: Job, events: list[dict]) -> bool:
         for name, value in updates.items():
             setattr(job, name, value)
         _announce(job)
+    if stepped_again is not None:
+        clusters.record_training_resumed(job.cluster_id, job.pk, job.attempt, stepped_again)
     return rescan
+
+
+def steps_reached(job: Job, detected_at: datetime) -> dict:
+    """Where the current attempt got to, from its events: `last_step` (the largest step of its step,
+    checkpoint, busbw and done events), `is_lower_bound` (it may have stepped past it: true unless it logged
+    that step and the one before, i.e. it logs every step) and `step_s` (its mean step time, from its own
+    step events' clock; failing two of them, its time since the first step over its steps, to detection)."""
+    marks = job.attempt_steps or {}
+    last = job.last_step
+    first_mark, last_mark = marks.get("first"), marks.get("last")
+    exact = (
+        last is not None
+        and last_mark is not None
+        and last_mark[0] == last
+        and marks.get("previous") == last - 1
+    )
+    step_s = 0.0
+    if first_mark and last_mark and last_mark[0] > first_mark[0]:
+        step_s = max(0.0, (last_mark[1] - first_mark[1]) / (last_mark[0] - first_mark[0]))
+    elif job.first_step_at and last:
+        step_s = max(0.0, (detected_at - job.first_step_at).total_seconds() / max(1, last))
+    return {"last_step": last, "is_lower_bound": not exact, "step_s": round(step_s, 4)}
 
 
 def read_log(job: Job, offset: int = 0, limit: int = LOG_PAGE_MAX) -> dict:
@@ -1080,16 +1118,18 @@ def jobs_to_resume(cluster: Cluster) -> list[Job]:
     return list(Job.objects.filter(cluster=cluster, status=S.INTERRUPTED).order_by("created_at", "pk"))
 
 
-def resubmit_job(job: Job, *, resume_from: str | None) -> Job:
+def resubmit_job(job: Job, *, resume_from: str | None, from_step: int | None = None) -> Job:
     """A new attempt of an interrupted job (same row, logs and checkpoint dir), VOLT_RESUME_FROM set when
-    `resume_from` is given; submitted by a worker after commit (the previous attempt is stopped first)."""
+    `resume_from` is given; submitted by a worker after commit (the previous attempt is stopped first).
+    The job is back at `from_step` (the checkpoint's step; none: from the start): `last_step` says so and
+    the new attempt's step events start afresh."""
     attempt = job.attempt + 1
     message = f"resubmitted as attempt {attempt}" + (f", resuming from {resume_from}" if resume_from else "")
     with transaction.atomic():
         job = transitions.transition(job, S.PENDING, message, extra={
             "attempt": attempt, "resume_from": resume_from or "", "ray_submission_id": "", "ray_log_seen": 0,
             "submitted_at": None, "finished_at": None, "stop_requested_at": None, "status_reason": "",
-            "updated_at": timezone.now()})  # fmt: skip
+            "last_step": from_step, "attempt_steps": {}, "updated_at": timezone.now()})  # fmt: skip
         marker = f"\n[volt: attempt {attempt}{' from ' + resume_from if resume_from else ''}]\n"
         JobLogChunk.objects.create(job=job, offset=job.log_size, attempt=attempt, text=marker)
         Job.objects.filter(pk=job.pk).update(log_size=F("log_size") + len(marker))

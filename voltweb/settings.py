@@ -98,8 +98,15 @@ except ValueError as exc:
 _sqlite = DATABASES["default"]["ENGINE"].endswith("sqlite3") and DATABASES["default"]["NAME"] != ":memory:"
 datadir.make_private(VOLT_DATA_DIR, Path(DATABASES["default"]["NAME"]) if _sqlite else None)
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # The demo's web server and Celery worker share the file; wait for locks instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # The demo's web server, Celery workers and beat write to one file at once. A transaction that reads
+    # then writes (recording a discovery, polling a job) began as a reader in SQLite's default DEFERRED
+    # mode, and its upgrade to a writer failed at once with "database is locked" when another process had
+    # written meanwhile: the busy timeout never applies there. IMMEDIATE takes the write lock at BEGIN,
+    # where the timeout does apply (writers queue, 20 s at most); WAL lets readers run beside the writer.
+    # SQLite creates the -wal and -shm files with the database file's own mode (0600 stays 0600).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL"}
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -38,18 +38,41 @@ class RecoveryRecordSerializer(serializers.Serializer):
     replacement_placed_at = serializers.DateTimeField(allow_null=True)
     replacement_ready_at = serializers.DateTimeField(allow_null=True)
     ready_at = serializers.DateTimeField(allow_null=True)
-    job_resumed_at = serializers.DateTimeField(allow_null=True)
+    job_resubmitted_at = serializers.DateTimeField(
+        allow_null=True, help_text="The interrupted jobs were handed to Ray again."
+    )
+    training_resumed_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="A resubmitted job logged a training step again (the workload's clock); null until then.",
+    )
     ended_at = serializers.DateTimeField(allow_null=True)
     replacement_ready_s = serializers.FloatField(allow_null=True, help_text="Seconds from detection.")
     ready_s = serializers.FloatField(allow_null=True, help_text="Seconds from detection to READY.")
-    resumed_s = serializers.FloatField(
-        allow_null=True, help_text="Seconds from detection to the job resumed."
+    job_resubmitted_s = serializers.FloatField(
+        allow_null=True, help_text="Seconds from detection to the jobs' resubmission."
+    )
+    training_resumed_s = serializers.FloatField(
+        allow_null=True, help_text="Seconds from detection to a resubmitted job's first training step."
     )
     phases = serializers.ListField(child=serializers.DictField(), help_text="{phase, started, ended} each.")
-    jobs = serializers.ListField(child=serializers.DictField())
+    jobs = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Per job resubmitted: job, name, attempt, checkpoint_step, checkpoint_path, last_step, "
+        "steps_lost, steps_lost_is_lower_bound, step_s, gpus, resubmitted_at, training_resumed_at, "
+        "training_resumed_s, gpu_hours_lost.",
+    )
     checkpoint_step = serializers.IntegerField(allow_null=True)
-    steps_lost = serializers.IntegerField(allow_null=True)
-    gpu_hours_lost = serializers.FloatField(allow_null=True)
+    steps_lost = serializers.IntegerField(
+        allow_null=True, help_text="The last step the job reached (its events) minus the checkpoint's step."
+    )
+    steps_lost_is_lower_bound = serializers.BooleanField(
+        help_text="True when the job may have stepped past its last logged step (it does not log every step)."
+    )
+    gpu_hours_lost = serializers.FloatField(
+        allow_null=True,
+        help_text="GPUs x (detection -> training stepped again, or until then the resubmission) + the lost "
+        "steps' time; the downtime is counted once.",
+    )
 
 
 class RecoveryPolicySerializer(serializers.Serializer):

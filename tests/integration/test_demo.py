@@ -171,6 +171,30 @@ def test_demo_refuses_a_taken_port_with_exit_1_and_suggests_another(tmp_path):
     assert not processes_of(tmp_path / "data")
 
 
+def test_the_terminal_keeps_to_what_a_person_needs_and_the_log_file_has_the_rest(tmp_path):
+    """Issue 24.6: one INFO line per periodic task (4,874 lines in 19 minutes) scrolled the banner and the
+    logins away within seconds. The web server's, workers' and beat's lines go to a log file the banner
+    names; the terminal keeps the start, the banner, cluster changes, errors and the stop."""
+    data_dir = tmp_path / "data"
+    demo = Demo(data_dir, "--port", str(free_port()), "--no-seed", "--exit-after", "25")
+    try:
+        assert demo.proc.wait(timeout=START_TIMEOUT_S) == 0
+    finally:
+        demo.kill()
+    output = demo.drain()
+    log = data_dir / "demo.log"
+    assert "Volt is running" in output and "Demo stopped." in output
+    assert f"Log of the web server, workers and beat: {log}" in output, output
+    for chatter in ("Sending due task", "succeeded in", " received", "INFO", "SecurityWarning"):
+        assert chatter not in output, f"{chatter!r} on the terminal:\n{output}"
+    assert len(output.splitlines()) < 30, output
+    text = log.read_text()
+    assert "beat | " in text and "Sending due task" in text  # beat's lines, named
+    assert "worker | " in text and "succeeded in" in text  # the workers' task lines
+    assert "Volt is running" in text  # the terminal's lines too, in order with the rest
+    assert log.stat().st_mode & 0o777 == 0o600
+
+
 def test_ctrl_c_stops_every_process_the_demo_started_ray_nodes_included(tmp_path):
     data_dir = tmp_path / "data"
     port = free_port()
@@ -212,6 +236,9 @@ def test_ctrl_c_stops_every_process_the_demo_started_ray_nodes_included(tmp_path
     finally:
         demo.kill()
     assert "Terminated 1 cluster(s): left-running." in output, output[-3000:]
+    # A line per cluster state change, and none per periodic task (issue 24.6).
+    assert "(ci-one): verifying → ready" in output and "(ci-one): terminating → terminated" in output
+    assert "Sending due task" not in output and "succeeded in" not in output, output[-3000:]
     with sqlite3.connect(data_dir / "volt.sqlite3") as db:
         statuses = dict(db.execute("SELECT name, status FROM clusters_cluster"))
     assert statuses == {"ci-one": "terminated", "left-running": "terminated"}

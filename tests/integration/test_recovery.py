@@ -277,8 +277,10 @@ def test_a_job_interrupted_by_a_node_loss_resumes_from_its_last_checkpoint_with_
         assert job.result["params_sha256"] == expected  # bitwise the same model as the uninterrupted run
         entry = done.jobs[0]
         assert entry["job"] == job.pk and entry["checkpoint_step"] >= 20 and 0 <= entry["steps_lost"] <= every
-        assert done.checkpoint_step == entry["checkpoint_step"] and done.job_resumed_at is not None
-        assert job_recovery.gpu_hours_lost(job) > 0
+        assert done.checkpoint_step == entry["checkpoint_step"] and done.job_resubmitted_at is not None
+        done.refresh_from_db()  # the resumed attempt's first step, recorded as the poll saw it
+        assert done.training_resumed_at is not None and done.training_resumed_at > done.job_resubmitted_at
+        assert job_recovery.gpu_hours_lost(job) == done.gpu_hours_lost > 0  # one job: the record's figure
 
 
 def test_policy_shrink_reforms_on_the_survivors_when_no_host_is_free(alice, team_a, hosts, settings):

@@ -299,3 +299,26 @@ def test_reaper_fails_hosts_stuck_in_onboarding(northwind, northwind_ib, add_loc
     assert services.reap_stuck_onboarding() == 1
     host.refresh_from_db()
     assert host.state == HostState.FAILED and host.error_code == "timeout"
+
+
+def test_a_database_locked_while_recording_the_discovery_is_tried_again_not_a_failed_host(
+    northwind, northwind_ib, add_local_host, monkeypatch
+):
+    """Issue 24.1: a healthy host failed onboarding with "database is locked" while a job ran (SQLite)."""
+    from django.db import OperationalError
+
+    host = add_local_host(northwind, northwind_ib, "busy-db", onboard=False)
+    complete, calls = services._complete_onboarding, []
+
+    def locked_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("database is locked")
+        return complete(*args)
+
+    monkeypatch.setattr(services, "_complete_onboarding", locked_once)
+    monkeypatch.setattr(services.time, "sleep", lambda s: None)
+    host = services.onboard_host(host.pk)
+
+    assert len(calls) == 2
+    assert host.state == HostState.AVAILABLE and host.error_code == "" and host.gpus.count() == 8

@@ -1,15 +1,26 @@
-"""Run the whole embedded demo: migrate, seed, Redis, web server, Celery worker and beat."""
+"""Run the whole embedded demo: migrate, seed, Redis, web server, Celery worker and beat.
+
+The terminal shows what a person needs: start-up, the banner (with the log file's path), a line per
+cluster state change, errors, and the stop. Everything the web server, the workers and beat print goes
+to the log file, `VOLT_DATA_DIR/demo.log` (the previous run's kept as demo.log.1): one INFO line per
+periodic task scrolled the banner away within seconds (issue 24).
+"""
 
 from __future__ import annotations
 
+import collections
 import errno
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -29,6 +40,10 @@ class Command(BaseCommand):
 
     def handle(self, port, no_seed, exit_after, **options):
         _check_port_free(port)
+        self.log = _open_log(settings.VOLT_DATA_DIR)
+        self.terminal = threading.Lock()
+        self.tails: dict[str, collections.deque] = {}
+        _log_this_process_to(self.log)
         children: list[subprocess.Popen] = []
         redis: list[subprocess.Popen] = []  # stopped last: stopping clusters still broadcasts through it
         try:
@@ -38,7 +53,15 @@ class Command(BaseCommand):
             self._stop_clusters()
             self._stop(redis)
             _remove_local_fabric()  # lo as it was: nothing of this demo stays shaped
-            self.stdout.write("Demo stopped.")
+            self._say("Demo stopped.")
+            self.log.close()
+
+    def _say(self, text: str, style=None) -> None:
+        """A line on the terminal (and in the log), whole even while children's errors are echoed."""
+        with self.terminal:
+            self.stdout.write(style(text) if style else text)
+            self.log.write(f"demo | {text.strip()}\n")
+            self.log.flush()
 
     def _run(self, port, no_seed, exit_after, children, redis) -> None:
         redis_url = settings.REDIS_URL
@@ -48,20 +71,20 @@ class Command(BaseCommand):
                 port=_free_port(), data_dir=settings.VOLT_DATA_DIR / "redis"
             )
             redis.append(proc)
-            self.stdout.write(f"No Redis at {settings.REDIS_URL}; started an embedded one at {redis_url}.")
+            self._say(f"No Redis at {settings.REDIS_URL}; started an embedded one at {redis_url}.")
             _use_redis(redis_url)  # before seeding: it writes the cache and broadcasts
         call_command("migrate", interactive=False, verbosity=0)
         if os.geteuid() == 0:  # clusters run Ray as users of their own, from a runtime they can run
             try:
                 call_command("local_runtime")
             except CommandError as exc:
-                self.stdout.write(f"No local Ray runtime ({exc}): local clusters' jobs are not isolated.")
+                self._say(f"No local Ray runtime ({exc}): local clusters' jobs are not isolated.")
         if not no_seed:
             call_command("seed_demo")
         from inventory import services as inventory
 
         inventory.sync_local_fabric()  # local links shaped while the demo runs (root), or a note why not
-        self.stdout.write(f"Local links: {inventory.unavailable_reason() or 'emulated (shaped on lo)'}.")
+        self._say(f"Local links: {inventory.unavailable_reason() or 'emulated (shaped on lo)'}.")
         # The web port is one of Volt's own: cluster users may not open it (clusters/provisioning/node_firewall.py).
         service_ports = ",".join(str(p) for p in sorted({*settings.VOLT_SERVICE_PORTS, port}))
         env = dict(os.environ, PYTHONUNBUFFERED="1", REDIS_URL=redis_url, VOLT_SERVICE_PORTS=service_ports)
@@ -105,11 +128,34 @@ class Command(BaseCommand):
                 str(settings.VOLT_DATA_DIR / "celerybeat-schedule"),
             ],
         }
-        for cmd in commands.values():
-            children.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        for name, cmd in commands.items():
+            child = subprocess.Popen(
+                cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            child.volt_name = name
+            children.append(child)
+            threading.Thread(target=self._follow, args=(name, child), daemon=True).start()
         self._wait_for_web(port, children)
         self._announce(port)
         self._supervise(children + redis, exit_after)
+
+    def _follow(self, name: str, child: subprocess.Popen) -> None:
+        """Every line of a child into the log file; its errors on the terminal too."""
+        tail = self.tails.setdefault(name, collections.deque(maxlen=30))
+        for raw in child.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            tail.append(line)
+            with self.terminal:
+                self.log.write(f"{name} | {line}\n")
+                self.log.flush()
+                if _is_error(line):
+                    self.stderr.write(f"{name}: {line[:500]}")
+
+    def _last_lines(self, child: subprocess.Popen) -> str:
+        name = getattr(child, "volt_name", "")
+        time.sleep(0.5)  # its last lines reach the reader thread
+        lines = list(self.tails.get(name, ()))[-15:]
+        return "\n".join(f"  {name}: {line}" for line in lines)
 
     def _wait_for_web(self, port: int, children) -> None:
         deadline = time.monotonic() + 60
@@ -120,15 +166,19 @@ class Command(BaseCommand):
                         return
             except OSError:
                 pass
-            if any(c.poll() is not None for c in children):
-                raise SystemExit("A demo process exited during start-up; see its output above.")
+            dead = [c for c in children if c.poll() is not None]
+            if dead:
+                raise SystemExit(
+                    f"A demo process ({getattr(dead[0], 'volt_name', '')}) exited during start-up; its last "
+                    f"lines:\n{self._last_lines(dead[0])}\nThe whole output: {self.log.name}"
+                )
             time.sleep(0.5)
         raise SystemExit(f"The web server did not answer on port {port} within 60 s.")
 
     def _announce(self, port: int) -> None:
         from inventory.management.commands.seed_demo import DEMO_PASSWORD, USERS
 
-        self.stdout.write(self.style.SUCCESS(f"\nVolt is running: http://127.0.0.1:{port}/"))
+        self._say(f"\nVolt is running: http://127.0.0.1:{port}/", self.style.SUCCESS)
         self.stdout.write(f"Sign in with password {DEMO_PASSWORD!r} as:")
         roles = {
             "admin": "platform admin",
@@ -145,6 +195,7 @@ class Command(BaseCommand):
         cordoned = inventory.cordoned_hosts_line()
         if cordoned:  # out of service since the last run: uncordon them on their host pages
             self.stdout.write(self.style.WARNING(cordoned))
+        self.stdout.write(f"Log of the web server, workers and beat: {self.log.name}")
         self.stdout.write("API docs: /api/docs/   Stop: Ctrl-C\n")
 
     def _supervise(self, children, exit_after: float) -> None:
@@ -156,16 +207,39 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, request_stop)
         signal.signal(signal.SIGTERM, request_stop)
         started = time.monotonic()
+        seen = _last_cluster_event_id()
         while not stop["now"]:
             if exit_after and time.monotonic() - started > exit_after:
                 return
             dead = [c for c in children if c.poll() is not None]
             if dead:
                 self.stderr.write(
-                    f"A demo process ({' '.join(map(str, dead[0].args[:4]))}) exited; stopping."
+                    f"A demo process ({' '.join(map(str, dead[0].args[:4]))}) exited; stopping. Its last "
+                    f"lines:\n{self._last_lines(dead[0])}\nThe whole output: {self.log.name}"
                 )
                 return
+            seen = self._cluster_changes(seen)
             time.sleep(0.5)
+
+    def _cluster_changes(self, seen: int) -> int:
+        """One terminal line per cluster state change since event `seen`; returns the last event's id."""
+        from clusters.models import ClusterEvent
+
+        try:
+            events = list(
+                ClusterEvent.objects.filter(pk__gt=seen)
+                .exclude(to_status="")
+                .select_related("cluster")
+                .order_by("pk")[:50]
+            )
+        except DatabaseError as exc:  # busy for longer than the timeout: the next round catches up
+            self.log.write(f"demo | reading cluster events: {exc}\n")
+            return seen
+        for event in events:
+            when = event.at.astimezone().strftime("%H:%M:%S")
+            change = f"{event.from_status or 'new'} → {event.to_status}: {event.message[:200]}"
+            self._say(f"{when} cluster {event.cluster_id} ({event.cluster.name}): {change}")
+        return events[-1].pk if events else seen
 
     def _stop(self, children) -> None:
         for child in children:
@@ -197,9 +271,46 @@ class Command(BaseCommand):
             stopped = []
         leftovers = shutdown.kill_leftover_nodes()
         if stopped:
-            self.stdout.write(f"Terminated {len(stopped)} cluster(s): {', '.join(stopped)}.")
+            self._say(f"Terminated {len(stopped)} cluster(s): {', '.join(stopped)}.")
         if leftovers:
-            self.stdout.write(f"Killed {len(leftovers)} leftover Ray process(es).")
+            self._say(f"Killed {len(leftovers)} leftover Ray process(es).")
+
+
+# Log lines a person must see on the terminal: a level of ERROR or CRITICAL, in the formats of Django's
+# LOGGING ("... ERROR name: ..."), Celery ("[...: ERROR/ForkPoolWorker-1] ...") and daphne ("... ERROR ...").
+_ERROR = re.compile(r"(?:^|[\s\[:])(?:ERROR|CRITICAL)[\s/:\]]")
+
+
+def _is_error(line: str) -> bool:
+    return bool(_ERROR.search(line[:200]))
+
+
+def _open_log(data_dir: Path):
+    """This run's log file (private: it holds hosts' addresses and tokens' prefixes); the last run's kept."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "demo.log"
+    if path.exists():
+        path.replace(data_dir / "demo.log.1")
+    return open(path, "a", encoding="utf-8", opener=lambda name, flags: os.open(name, flags, 0o600))
+
+
+def _log_this_process_to(log) -> None:
+    """The demo process's own log records go to the log file; the terminal keeps warnings and worse."""
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("demo | %(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for existing in root.handlers:
+        existing.setLevel(max(existing.level, logging.WARNING))
+    root.addHandler(handler)
+
+
+def _last_cluster_event_id() -> int:
+    from clusters.models import ClusterEvent
+
+    try:
+        return ClusterEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    except DatabaseError:
+        return 0
 
 
 def _free_port() -> int:
