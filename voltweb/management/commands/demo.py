@@ -33,6 +33,11 @@ from voltweb import embedded_redis, namespace
 class Command(BaseCommand):
     help = "Start Volt's demo: web console on http://127.0.0.1:PORT/ with a Celery worker, beat and Redis."
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.terminal = threading.Lock()
+        self.log = None  # the demo's log file, opened by handle(); the banner can be shown without one
+
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--no-seed", action="store_true", help="Skip seeding demo users and hosts.")
@@ -41,7 +46,6 @@ class Command(BaseCommand):
     def handle(self, port, no_seed, exit_after, **options):
         _check_port_free(port)
         self.log = _open_log(settings.VOLT_DATA_DIR)
-        self.terminal = threading.Lock()
         self.tails: dict[str, collections.deque] = {}
         _log_this_process_to(self.log)
         children: list[subprocess.Popen] = []
@@ -60,8 +64,9 @@ class Command(BaseCommand):
         """A line on the terminal (and in the log), whole even while children's errors are echoed."""
         with self.terminal:
             self.stdout.write(style(text) if style else text)
-            self.log.write(f"demo | {text.strip()}\n")
-            self.log.flush()
+            if self.log is not None:
+                self.log.write(f"demo | {text.strip()}\n")
+                self.log.flush()
 
     def _run(self, port, no_seed, exit_after, children, redis) -> None:
         redis_url = settings.REDIS_URL
@@ -195,7 +200,8 @@ class Command(BaseCommand):
         cordoned = inventory.cordoned_hosts_line()
         if cordoned:  # out of service since the last run: uncordon them on their host pages
             self.stdout.write(self.style.WARNING(cordoned))
-        self.stdout.write(f"Log of the web server, workers and beat: {self.log.name}")
+        if self.log is not None:
+            self.stdout.write(f"Log of the web server, workers and beat: {self.log.name}")
         self.stdout.write("API docs: /api/docs/   Stop: Ctrl-C\n")
 
     def _supervise(self, children, exit_after: float) -> None:
