@@ -17,9 +17,9 @@ breaks ties left by the ones above it:
    busbw (`bandwidth.cluster_busbw_gbps`), then lowest price. Others (independent tasks, inference
    replicas, one node): lowest price.
 6. Fit, for every request kind (select.FIELDS, in order): the best GPU locality inside the hosts
-   (PCIe switch, NUMA node), the fewest blocks, then fabrics, sites, regions spanned; the tightest
-   hosts (fewest GPUs left); the tightest blocks, fabrics, sites (least free capacity); the most
-   reliable hosts; then host primary keys. Never names.
+   (PCIe switch, NUMA node), the fewest regions, then sites, fabrics, blocks spanned (top level down,
+   as Kueue TAS and Slurm do); the tightest hosts (fewest GPUs left); the tightest blocks, fabrics,
+   sites (least free capacity); the most reliable hosts; then host primary keys. Never names.
 
 The search tries levels finest first and works on per-block aggregates of an `Inventory` index; it
 touches single hosts only in candidate domains. The best busbw of any set of n hosts is the n-th
@@ -440,11 +440,11 @@ def _fit_notes(request: PlacementRequest, option: _Option) -> list[str]:
     if pcie and request.gpus_per_node > 1:
         worst = max(entry.locality for entry in pcie)
         notes.append(f"PCIe hosts (no NVLink): each node's GPUs lie within {LOCALITY_LABELS[worst]} at worst")
-    spans = ", ".join(f"{fit[name]} {name}" for name in ("blocks", "fabrics", "sites", "regions"))
+    spans = ", ".join(f"{fit[name]} {name}" for name in ("regions", "sites", "fabrics", "blocks"))
     notes.append(
         f"fit: spans {spans}; leaves {fit['free_gpus_in_blocks'] - len(option.entries) * request.gpus_per_node} "
         f"free GPUs in the blocks used and {fit['gpus_left_on_hosts']} on the hosts used. Among equal bandwidth and price, "
-        "ties break on node locality, the fewest domains spanned, the fewest GPUs left on the hosts, the "
+        "ties break on node locality, the fewest regions, sites, fabrics, then blocks spanned, the fewest GPUs left on the hosts, the "
         "least free capacity left in the domains, reliability, then host primary key — never on names"
     )
     return notes
