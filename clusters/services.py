@@ -124,6 +124,7 @@ def candidate_snapshots(
         "nvlink_domain_size",
         "pcie_topology",
         "driver",
+        "discovered_gbytes_per_s",
     )
     scales = {driver: inventory.bandwidth_scale(driver) for driver in ("local", "ssh")}
     return [_snapshot(row, scales) for row in rows.iterator(chunk_size=5000)]
@@ -172,6 +173,7 @@ def _snapshot(row, scales: dict[str, float]) -> placement.HostSnapshot:
         nvlink_domain_size,
         pcie,
         driver,
+        discovered_gbps,
     ) = row
     pcie = pcie or {}
     return placement.HostSnapshot(
@@ -192,6 +194,7 @@ def _snapshot(row, scales: dict[str, float]) -> placement.HostSnapshot:
         pcie_switches=tuple(tuple(group) for group in pcie.get("switches", ())),
         numa_nodes=tuple(tuple(group) for group in pcie.get("numa", ())),
         bandwidth_scale=scales.get(driver, 1.0),
+        discovered_host_gbps=discovered_gbps,  # the engine predicts from min(declared, discovered)
     )
 
 

@@ -43,6 +43,7 @@ from .bandwidth import (
     hop_gbps,
     level_caps_gbps,
     measured_notes,
+    port_notes,
 )
 from .index import Inventory, _Entry, _Group, _Shape
 from .nodes import LOCALITY_LABELS
@@ -408,6 +409,7 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
     seconds = None
     explanation = [*notes, *_fit_notes(request, choice.option)]
     if busbw is not None:
+        explanation += port_notes(hosts)
         explanation += measured_notes(hosts, measured)
     explanation.append(_chosen_note(request, choice, hosts, busbw, level, measured))
     if busbw is not None and level is not None:

@@ -173,6 +173,7 @@ class HostDetailSerializer(HostSerializer):
             "gpu_problems",
             "ports",
             "network_warnings",
+            "discovered_gbytes_per_s",
             "driver",
             "address",
             "ssh_port",

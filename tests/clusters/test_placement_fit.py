@@ -191,6 +191,25 @@ def test_equal_bandwidth_and_price_span_the_fewest_sites_before_the_fewest_block
     assert "spans 1 regions, 1 sites, 1 fabrics, 3 blocks" in " ".join(result.explanation)
 
 
+# --- Issue 23, item 5: a host's ports cap what it injects ------------------------------------------
+
+
+def test_a_host_whose_ports_give_less_predicts_from_them_and_ranks_below_its_block():
+    """One 200 Gb/s port is 25 GB/s, whatever the fabric declares: the plan predicts from the smaller
+    figure, says so, and a block's full hosts come before the short one."""
+    short = replace(host("1", "b1"), discovered_host_gbps=25.0)
+    full = [replace(host(i, "b1"), discovered_host_gbps=400.0) for i in ("2", "3")]
+
+    both = plan(ask(2), [short, full[0]])
+    assert both.predicted_busbw_gbps == 25.0
+    assert "ports: host 1 injects 25 GB/s through its ports, below the 400 GB/s its fabric declares" in (
+        " ".join(both.explanation)
+    )
+    assert set(plan(ask(2), [short, *full]).host_ids) == {"2", "3"}
+    unknown = replace(short, discovered_host_gbps=None)  # nothing seen: the declared figure stands
+    assert plan(ask(2), [unknown, full[0]]).predicted_busbw_gbps == 400.0
+
+
 # --- 4. Ties never depend on names -----------------------------------------------------------------
 
 

@@ -68,6 +68,8 @@ MODES, NODES, GPUS = (
 )
 KIND_NAMES, REGIONS = _any(("infiniband",), ("roce", "ib_hdr"), ("ethernet",)), _any((), (), (), ("r0",))
 MAX_PRICE, SAMPLE_GBPS = _any(None, None, None, None, 2.2), _any(3.0, 50.0, 150.0, 390.0, 600.0)
+# What a host's ports give (issue 23): mostly unknown, sometimes below or above its fabric's figure.
+DISCOVERED = _any(None, None, None, 12.5, 100.0, 400.0)
 
 
 @st.composite
@@ -117,6 +119,7 @@ def _random_host(draw, host_id: str, path: TopologyPath, kind: str, oversub: flo
         fabric_oversubscription=oversub,
         site_backbone_gbps=backbone,
         reliability=draw(RELIABILITY),
+        discovered_host_gbps=draw(DISCOVERED),
         **fields,
     )
 
