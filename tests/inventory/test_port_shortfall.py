@@ -149,3 +149,16 @@ def test_eight_ndr_ports_give_exactly_the_declared_400_gbytes_and_do_not_warn():
 
     assert injection(FabricKind.IB_NDR, ports).gbytes_per_s == 400.0
     assert fabric_warnings("ib_ndr", "InfiniBand NDR", ports, 400.0) == []
+
+
+@pytest.mark.parametrize("kind", list(FabricKind))
+def test_a_default_local_host_confirms_its_fabric_whatever_its_gpu_count(
+    kind, northwind, iad1, add_local_host
+):
+    """services.LOCAL_NICS gives each fabric kind's default figure: the demo's small hosts do not warn."""
+    fabric = services.create_fabric(northwind, iad1, f"f-{kind}", kind, None, 1.0, ["b1"])
+
+    host = add_local_host(northwind, fabric, f"h-{kind}", gpus=2)
+
+    assert host.discovery["network_warnings"] == []
+    assert host.discovered_gbytes_per_s == fabric.per_host_gbytes_per_s
