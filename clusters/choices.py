@@ -89,6 +89,14 @@ class MetricSource(models.TextChoices):
     JOB = "job", "Job"
 
 
+class BandwidthSource(models.TextChoices):
+    """Who measured a BandwidthSample: Volt's probe on a cluster, or the provider (nccl-tests output it
+    uploaded for its own hosts, clusters/measurements.py)."""
+
+    PROBE = "probe", "measured by Volt"
+    PROVIDER = "provider", "measured by the provider"
+
+
 class RecoveryStatus(models.TextChoices):
     """Where an automatic recovery stands (clusters/recovery.py)."""
 

@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from clusters.choices import (
+    BandwidthSource,
     ClusterStatus,
     FailureReason,
     MetricSeries,
@@ -185,9 +186,14 @@ class ClusterEvent(models.Model):
 
 class BandwidthSample(models.Model):
     """A measured all-reduce busbw of the link class a probe exercised: the coarsest level its cluster
-    spanned, in that domain. Placement applies it as an efficiency (measured / declared) of that domain."""
+    spanned, in that domain. Placement applies it as an efficiency (measured / declared) of that domain.
 
-    level = models.CharField(max_length=10)  # block, fabric, site, region, global
+    `source` provider: nccl-tests output a provider (or a platform admin) uploaded for a set of hosts
+    (clusters.measurements); level "host" for one machine's GPUs. Placement uses such a figure only for a
+    block or fabric (a provider's own domains), where Volt measured nothing itself, and never above
+    `predicted_gbps` (what Volt predicted for those hosts when it was uploaded)."""
+
+    level = models.CharField(max_length=10)  # host, block, fabric, site, region, global
     domain_id = models.CharField(max_length=100)
     busbw_gbps = models.FloatField(help_text="GB/s, nccl-tests busbw at large message size.")
     nodes = models.PositiveIntegerField(default=2)
@@ -197,6 +203,18 @@ class BandwidthSample(models.Model):
     # placement ignores such samples unless the links were emulated (shaped to the declared figures).
     source_local = models.BooleanField(default=False, help_text="Measured between local (sandbox) hosts.")
     emulated = models.BooleanField(default=False, help_text="The links were shaped by the fabric emulation.")
+    source = models.CharField(max_length=10, choices=BandwidthSource.choices, default=BandwidthSource.PROBE)
+    predicted_gbps = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Volt's prediction for the measured hosts when the figure arrived (GB/s).",
+    )
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    details = models.JSONField(
+        default=dict, blank=True, help_text="An upload's hosts, GPUs, sizes and nccl-tests' average busbw."
+    )
 
     class Meta:
         ordering = ["-measured_at"]

@@ -807,12 +807,12 @@ def refresh_plan(cluster: Cluster, why: str) -> None:
     """After a change of the cluster's nodes: the plan, span, predicted busbw and reference all-reduce time
     of the nodes it now has (placement.plan_for_nodes), stored before any probe is judged against them.
     The earlier figures stay on the timeline, in the line this writes."""
-    from clusters.services import measured_bandwidth, plan_as_json, snapshots_of, to_request
+    from clusters.services import measured_bandwidth, plan_as_json, snapshots_by_id, to_request
 
     nodes = active_nodes(cluster)
     if not nodes:
         return
-    snapshots = snapshots_of([n.host_id for n in nodes])
+    snapshots = snapshots_by_id([n.host_id for n in nodes])
     pairs = [(snapshots[str(n.host_id)], tuple(n.gpu_indices)) for n in nodes]
     head = next((n for n in nodes if n.is_head), nodes[0])
     price = sum(float(n.host.price_per_gpu_hour) * len(n.gpu_indices) for n in nodes)

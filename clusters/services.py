@@ -30,7 +30,7 @@ from clusters.allocations import (  # noqa: F401 - re-exported: allocation used 
     hosts_serving_other_teams,
     release,
 )
-from clusters.choices import HOLDS_GPUS, LIVE, TERMINAL, ClusterStatus, FailureReason
+from clusters.choices import HOLDS_GPUS, LIVE, TERMINAL, BandwidthSource, ClusterStatus, FailureReason
 from clusters.models import Allocation, BandwidthSample, Cluster
 from inventory import services as inventory
 from inventory.choices import HostState, ProviderStatus
@@ -105,38 +105,39 @@ def candidate_snapshots(
         hosts = hosts.exclude(_serving_other_team(team_id))
     if narrow:
         hosts = _hard_filters(hosts, request)
-    rows = hosts.values_list(*_SNAPSHOT_FIELDS)
+    return snapshots_of(hosts)
+
+
+def snapshots_of(hosts: QuerySet[Host]) -> list[placement.HostSnapshot]:
+    """The engine's snapshots of these hosts, whatever their state (one query)."""
+    rows = hosts.values_list(
+        "id",
+        "provider_id",
+        "gpu_model",
+        "free_gpu_map",
+        "gpu_count",
+        "site__region",
+        "site_id",
+        "fabric_id",
+        "block_id",
+        "fabric__kind",
+        "fabric__per_host_gbytes_per_s",
+        "fabric__oversubscription",
+        "site__backbone_gbytes_per_s",
+        "price_per_gpu_hour",
+        "reliability",
+        "nvlink_domain_size",
+        "pcie_topology",
+        "driver",
+        "discovered_gbytes_per_s",
+    )
     scales = {driver: inventory.bandwidth_scale(driver) for driver in ("local", "ssh")}
     return [_snapshot(row, scales) for row in rows.iterator(chunk_size=5000)]
 
 
-_SNAPSHOT_FIELDS = (
-    "id",
-    "provider_id",
-    "gpu_model",
-    "free_gpu_map",
-    "gpu_count",
-    "site__region",
-    "site_id",
-    "fabric_id",
-    "block_id",
-    "fabric__kind",
-    "fabric__per_host_gbytes_per_s",
-    "fabric__oversubscription",
-    "site__backbone_gbytes_per_s",
-    "price_per_gpu_hour",
-    "reliability",
-    "nvlink_domain_size",
-    "pcie_topology",
-    "driver",
-)
-
-
-def snapshots_of(host_ids: list[int]) -> dict[str, placement.HostSnapshot]:
+def snapshots_by_id(host_ids: list[int]) -> dict[str, placement.HostSnapshot]:
     """Snapshots of exactly these hosts, whatever they hold (a cluster's own hosts), by host id."""
-    scales = {driver: inventory.bandwidth_scale(driver) for driver in ("local", "ssh")}
-    rows = Host.objects.filter(pk__in=host_ids).values_list(*_SNAPSHOT_FIELDS)
-    return {str(row[0]): _snapshot(row, scales) for row in rows}
+    return {s.host_id: s for s in snapshots_of(Host.objects.filter(pk__in=host_ids))}
 
 
 def _fitting_hosts(request: placement.PlacementRequest) -> QuerySet[Host]:
@@ -182,6 +183,7 @@ def _snapshot(row, scales: dict[str, float]) -> placement.HostSnapshot:
         nvlink_domain_size,
         pcie,
         driver,
+        discovered_gbps,
     ) = row
     pcie = pcie or {}
     return placement.HostSnapshot(
@@ -202,21 +204,36 @@ def _snapshot(row, scales: dict[str, float]) -> placement.HostSnapshot:
         pcie_switches=tuple(tuple(group) for group in pcie.get("switches", ())),
         numa_nodes=tuple(tuple(group) for group in pcie.get("numa", ())),
         bandwidth_scale=scales.get(driver, 1.0),
+        discovered_host_gbps=discovered_gbps,  # the engine predicts from min(declared, discovered)
     )
+
+
+# Levels at which a provider's own figure may steer placement: its blocks and fabrics are its alone, while a
+# site (and a region) holds other providers' hosts too.
+PROVIDER_SAMPLE_LEVELS = ("block", "fabric")
 
 
 def measured_bandwidth() -> dict[tuple[str, str], float]:
     """The newest measured busbw per topology domain from the last week. The engine applies each as an
     efficiency of its domain. Samples between `local` hosts describe this machine's loopback, not a
-    fabric: they count only when the fabric emulation shaped the links."""
+    fabric: they count only when the fabric emulation shaped the links.
+
+    A provider's uploaded figure (BandwidthSource.PROVIDER) counts only for its blocks and fabrics, only
+    where Volt measured nothing there itself, and never above what Volt predicted for those hosts: a
+    provider can tell placement its links are slower than declared, not make them look faster."""
     since = timezone.now() - timezone.timedelta(days=MEASURED_MAX_AGE_DAYS)
     samples = BandwidthSample.objects.filter(measured_at__gte=since).exclude(
         source_local=True, emulated=False
     )
-    measured: dict[tuple[str, str], float] = {}
-    for level, domain, busbw in samples.values_list("level", "domain_id", "busbw_gbps"):
-        measured.setdefault((level, domain), busbw)  # rows come newest first
-    return measured
+    volt: dict[tuple[str, str], float] = {}
+    provider: dict[tuple[str, str], float] = {}
+    rows = samples.values_list("level", "domain_id", "busbw_gbps", "source", "predicted_gbps")
+    for level, domain, busbw, source, predicted in rows:  # rows come newest first
+        if source != BandwidthSource.PROVIDER:
+            volt.setdefault((level, domain), busbw)
+        elif level in PROVIDER_SAMPLE_LEVELS:
+            provider.setdefault((level, domain), busbw if predicted is None else min(busbw, predicted))
+    return provider | volt
 
 
 def record_bandwidth_sample(

@@ -65,6 +65,13 @@ def _sandbox(host: Host) -> Path:
     return sandbox_path(host)
 
 
+def _injection_gbps(host: Host) -> float:
+    """The fabric's declared per-host figure, or the host's ports' where they give less: the wire runs at
+    what placement predicts (clusters.placement.HostSnapshot.injection_gbps)."""
+    declared, ports = host.fabric.per_host_gbytes_per_s, host.discovered_gbytes_per_s
+    return declared if ports is None else min(declared, ports)
+
+
 def _link_end(host: Host) -> fe.LinkEnd:
     faults = _sandbox(host) / "faults"
     degraded = 100.0
@@ -76,7 +83,7 @@ def _link_end(host: Host) -> fe.LinkEnd:
     return fe.LinkEnd(
         address=host.address,
         path=(host.site.region, str(host.site_id), str(host.fabric_id), str(host.block_id)),
-        fabric_gbps=host.fabric.per_host_gbytes_per_s,
+        fabric_gbps=_injection_gbps(host),
         oversubscription=host.fabric.oversubscription,
         backbone_gbps=host.site.backbone_gbytes_per_s,
         degraded_pct=degraded,

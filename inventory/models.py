@@ -166,6 +166,13 @@ class Host(models.Model):
         help_text='GPU indices per PCIe switch and per NUMA node, from topo -m: {"switches": [[0, 1]], '
         '"numa": [[0, 1, 2, 3]]}. Placement uses it on hosts without NVLink.',
     )
+    discovered_gbytes_per_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Per-host injection bandwidth its ports give (up ports carrying its fabric's traffic: count x "
+        "rate, GB/s), from discovery; empty when no port was seen. Placement predicts from the smaller of this "
+        "and the fabric's declared per-host figure.",
+    )
     error_code = models.CharField(max_length=30, choices=OnboardingError.choices, blank=True)
     error_message = models.TextField(blank=True)
     discovery = models.JSONField(default=dict, blank=True, help_text="Last discovery result.")

@@ -1,4 +1,5 @@
-"""Writing a discovery into the inventory: GPU rows (with per-GPU health), NIC ports, fabric warnings.
+"""Writing a discovery into the inventory: GPU rows (with per-GPU health), NIC ports, fabric warnings and
+the injection bandwidth the ports give.
 
 Called by inventory.services inside its transactions (onboarding and the health sweep); the rules:
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 from django.db.models import F
 
 from inventory.choices import FabricKind, GpuHealth, HostState
-from inventory.discovery.network import fabric_warnings
+from inventory.discovery.network import Injection, fabric_warnings, injection
 from inventory.discovery.probe import Discovery, lost_bus_id
 from inventory.models import GPU, Host, NetworkPort
 
@@ -117,9 +118,21 @@ def store_ports(host: Host, discovery: Discovery) -> None:
 
 
 def network_warnings(host: Host, discovery: Discovery) -> list[str]:
-    """Where the discovered ports contradict the host's declared fabric (shown on the host page/API)."""
+    """Where the discovered ports contradict the host's declared fabric (shown on the host page/API), the
+    ports together giving less than the fabric's per-host bandwidth included."""
     label = FabricKind(host.fabric.kind).label
-    return fabric_warnings(host.fabric.kind, f"{label} ({host.fabric.name})", discovery.ib_ports)
+    return fabric_warnings(
+        host.fabric.kind,
+        f"{label} ({host.fabric.name})",
+        discovery.ib_ports,
+        declared_gbytes_per_s=host.fabric.per_host_gbytes_per_s,
+    )
+
+
+def discovered_injection(host: Host, discovery: Discovery) -> Injection:
+    """What the host's ports can put on its fabric (GB/s; None when no port is up): placement predicts
+    from the smaller of this and the fabric's declared per-host figure."""
+    return injection(host.fabric.kind, discovery.ib_ports)
 
 
 def apply_health(host: Host, discovery: Discovery) -> list[str]:

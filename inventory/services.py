@@ -19,7 +19,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.debug import sensitive_variables
@@ -28,6 +28,7 @@ from inventory import onboarding, transitions, validation
 from inventory.choices import (
     INTERCONNECT_FAMILIES,
     DriverKind,
+    FabricKind,
     GpuHealth,
     HostEventKind,
     HostState,
@@ -487,6 +488,7 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     moved_from = onboarding.store_gpus(host, discovery)
     onboarding.store_ports(host, discovery)
     warnings = onboarding.network_warnings(host, discovery)
+    found = onboarding.discovered_injection(host, discovery)
     summary = _discovery_summary(discovery)
     _event(host, HostEventKind.DISCOVERY, summary)
     for problem in _gpu_problem_lines(discovery):
@@ -498,7 +500,8 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
         "gpu_count": len(discovery.gpus),
         "gpu_memory_mib": max((g.memory_total_mib or 0 for g in discovery.gpus), default=0) or None,
         "nvlink_domain_size": onboarding.healthy_domain_size(host),
-        "discovery": discovery.as_json() | {"network_warnings": warnings},
+        "discovery": discovery.as_json() | {"network_warnings": warnings, "injection_ports": found.ports},
+        "discovered_gbytes_per_s": found.gbytes_per_s,
         "pcie_topology": discovery.pcie_topology(),
         "error_code": "",
         "error_message": "",
@@ -626,6 +629,15 @@ def cordoned_hosts_line(limit: int = 10) -> str:
         parts.append(f"{host.name} ({why})")
     more = Host.objects.filter(state=HostState.CORDONED).count() - limit if len(hosts) > limit else 0
     return "Cordoned hosts: " + ", ".join(parts) + (f", and {more} more" if more else "")
+
+
+def port_shortfalls(hosts: QuerySet[Host]) -> QuerySet[Host]:
+    """Those of `hosts` whose ports give less than their fabric declares per host (issue 23): placement
+    predicts from the ports' figure. One query, whatever the number of hosts."""
+    live = hosts.exclude(state=HostState.RETIRED)
+    return live.filter(discovered_gbytes_per_s__lt=F("fabric__per_host_gbytes_per_s")).select_related(
+        "fabric"
+    )
 
 
 def host_history(host: Host) -> QuerySet[HostEvent]:
@@ -784,16 +796,25 @@ def health_sweep() -> dict:
     return outcomes
 
 
+# A local host's NICs by fabric kind: (count, the fields of each), so that its ports give the kind's
+# default per-host figure (choices.DEFAULT_HOST_BANDWIDTH_GBYTES: 8 x 400 Gb/s = 400 GB/s on NDR, one
+# 100 GbE port = 12.5 GB/s) and onboarding confirms what the fabric declares. An Ethernet NIC is RoCE unless
+# "roce" is false (inventory.drivers.simulator).
+LOCAL_NICS = {
+    FabricKind.IB_NDR: (8, {"link_layer": "InfiniBand", "rate_gbps": 400}),
+    FabricKind.IB_HDR: (8, {"link_layer": "InfiniBand", "rate_gbps": 200}),
+    FabricKind.ROCE: (8, {"link_layer": "Ethernet", "rate_gbps": 200}),
+    FabricKind.ETH_100G: (1, {"link_layer": "Ethernet", "rate_gbps": 100, "roce": False}),
+    FabricKind.ETH_25G: (1, {"link_layer": "Ethernet", "rate_gbps": 25, "roce": False}),
+    FabricKind.ETH_10G: (1, {"link_layer": "Ethernet", "rate_gbps": 10, "roce": False}),
+}
+
+
 def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink: bool | None = None) -> dict:
-    """A local host's declared hardware, with NICs that match its fabric (one NIC per GPU, up to 8)."""
-    links = {"ib_ndr": ("InfiniBand", 400), "ib_hdr": ("InfiniBand", 200), "roce": ("Ethernet", 200)}
-    link = links.get(fabric_kind)
-    nics = []
-    if link:
-        nics = [
-            {"name": f"mlx5_{i}", "link_layer": link[0], "rate_gbps": link[1]}
-            for i in range(min(gpu_count, 8))
-        ]
+    """A local host's declared hardware, with NICs whose ports give its fabric kind's default per-host
+    bandwidth (LOCAL_NICS: eight for the RDMA fabrics whatever the GPU count, one port for Ethernet)."""
+    count, fields = LOCAL_NICS.get(fabric_kind, (0, {}))
+    nics = [{"name": f"mlx5_{i}", **fields} for i in range(count)]
     spec = {"gpu_model": gpu_model, "gpu_count": gpu_count, "nics": nics}
     if nvlink is not None:
         spec["nvlink"] = nvlink

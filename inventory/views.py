@@ -222,6 +222,7 @@ def provider_detail(request, slug):
         "provider": provider,
         "manages": manages,
         "hosts": hosts,
+        "port_shortfalls": services.port_shortfalls(hosts) if manages else (),
         "fabrics": fabrics,
         "platform_admin": is_platform_admin(request.user),
     }

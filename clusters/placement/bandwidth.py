@@ -10,7 +10,8 @@ Figures per level (GB/s), declared unless a measured sample overrides them:
 
 | level  | declared figure                                | measured key          |
 |--------|------------------------------------------------|-----------------------|
-| block  | fabric per-host bandwidth                      | ("block", block_id)   |
+| block  | fabric per-host bandwidth, or the host's ports | ("block", block_id)   |
+|        | where they give less (discovered_host_gbps)    |                       |
 | fabric | per-host bandwidth / oversubscription          | ("fabric", fabric_id) |
 | site   | site backbone (default 12.5 = 100 GbE)         | ("site", site_id)     |
 | region | WAN inside a region, 10 Gb/s = 1.25            | ("region", region)    |
@@ -82,11 +83,16 @@ def measured_key(host: HostSnapshot, level: Level) -> tuple[str, str]:
 
 
 def declared_figures_gbps(host: HostSnapshot) -> tuple[float, float, float, float, float]:
-    """The declared figure of each level for `host`, finest first (times its bandwidth_scale)."""
+    """The figure of each level for `host` before measurement, finest first (times its bandwidth_scale).
+
+    In-block it is the host's injection bandwidth: the fabric's declared per-host figure, or what its
+    ports give where that is less (`HostSnapshot.injection_gbps`). Coarser levels keep their declared
+    figures; the running minimum in `level_caps_gbps` carries a port shortfall up to them.
+    """
     fabric = host.fabric_host_gbps / max(host.fabric_oversubscription, 1e-9)
     scale = host.bandwidth_scale
     return (
-        host.fabric_host_gbps * scale,
+        host.injection_gbps * scale,
         fabric * scale,
         host.site_backbone_gbps * scale,
         WAN_SAME_REGION_GBPS * scale,
@@ -183,3 +189,17 @@ def measured_notes(hosts: Iterable[HostSnapshot], measured: Measured | None) -> 
                     f"(efficiency {share:.0%}, applied to that {level}'s hosts only)"
                 )
     return [lines[key] for key in sorted(lines)]
+
+
+def port_notes(hosts: Iterable[HostSnapshot]) -> list[str]:
+    """One line per host whose ports give less than its fabric declares: the plan predicts from them."""
+    lines = []
+    for host in hosts:
+        if host.injection_gbps < host.fabric_host_gbps:
+            ports = host.injection_gbps * host.bandwidth_scale
+            declared = host.fabric_host_gbps * host.bandwidth_scale
+            lines.append(
+                f"ports: host {host.host_id} injects {ports:g} GB/s through its ports, below the {declared:g} GB/s "
+                f"its fabric declares per host: predicted from {ports:g} GB/s"
+            )
+    return lines

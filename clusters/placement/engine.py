@@ -17,9 +17,9 @@ breaks ties left by the ones above it:
    busbw (`bandwidth.cluster_busbw_gbps`), then lowest price. Others (independent tasks, inference
    replicas, one node): lowest price.
 6. Fit, for every request kind (select.FIELDS, in order): the best GPU locality inside the hosts
-   (PCIe switch, NUMA node), the fewest blocks, then fabrics, sites, regions spanned; the tightest
-   hosts (fewest GPUs left); the tightest blocks, fabrics, sites (least free capacity); the most
-   reliable hosts; then host primary keys. Never names.
+   (PCIe switch, NUMA node), the fewest regions, then sites, fabrics, blocks spanned (top level down,
+   as Kueue TAS and Slurm do); the tightest hosts (fewest GPUs left); the tightest blocks, fabrics,
+   sites (least free capacity); the most reliable hosts; then host primary keys. Never names.
 
 The search tries levels finest first and works on per-block aggregates of an `Inventory` index; it
 touches single hosts only in candidate domains. The best busbw of any set of n hosts is the n-th
@@ -44,6 +44,7 @@ from .bandwidth import (
     level_caps_gbps,
     lowest_common_level,
     measured_notes,
+    port_notes,
 )
 from .index import Inventory, _Entry, _Group, _Shape
 from .nodes import LOCALITY_LABELS
@@ -409,6 +410,7 @@ def _to_plan(request: PlacementRequest, choice: _Choice, measured: Measured | No
     seconds = None
     explanation = [*notes, *_fit_notes(request, choice.option)]
     if busbw is not None:
+        explanation += port_notes(hosts)
         explanation += measured_notes(hosts, measured)
     explanation.append(_chosen_note(request, choice, hosts, busbw, level, measured))
     if busbw is not None and level is not None:
@@ -481,11 +483,11 @@ def _fit_notes(request: PlacementRequest, option: _Option) -> list[str]:
     if pcie and request.gpus_per_node > 1:
         worst = max(entry.locality for entry in pcie)
         notes.append(f"PCIe hosts (no NVLink): each node's GPUs lie within {LOCALITY_LABELS[worst]} at worst")
-    spans = ", ".join(f"{fit[name]} {name}" for name in ("blocks", "fabrics", "sites", "regions"))
+    spans = ", ".join(f"{fit[name]} {name}" for name in ("regions", "sites", "fabrics", "blocks"))
     notes.append(
         f"fit: spans {spans}; leaves {fit['free_gpus_in_blocks'] - len(option.entries) * request.gpus_per_node} "
         f"free GPUs in the blocks used and {fit['gpus_left_on_hosts']} on the hosts used. Among equal bandwidth and price, "
-        "ties break on node locality, the fewest domains spanned, the fewest GPUs left on the hosts, the "
+        "ties break on node locality, the fewest regions, sites, fabrics, then blocks spanned, the fewest GPUs left on the hosts, the "
         "least free capacity left in the domains, reliability, then host primary key — never on names"
     )
     return notes

@@ -123,7 +123,7 @@ class Inventory:
 
 def _group_key(host: HostSnapshot) -> tuple:
     """Hosts share a group when everything the bandwidth model reads from them is equal."""
-    figures = (host.fabric_kind, host.fabric_host_gbps, host.fabric_oversubscription)
+    figures = (host.fabric_kind, host.injection_gbps, host.fabric_host_gbps, host.fabric_oversubscription)
     return (host.path, *figures, host.site_backbone_gbps)
 
 

@@ -4,11 +4,12 @@ Given the usable hosts of one domain (each group's entries sorted cheapest first
 the `nodes` hosts that minimise, in this order:
 
 1. price: the cheapest hosts; only hosts at the marginal price are a choice,
-2. then the vector `Fit` (see `FIELDS`): the nodes' locality inside their hosts, the fewest blocks,
-   fabrics, sites and regions spanned, the fewest GPUs left on the hosts used (the tightest hosts:
-   whole hosts stay whole for 8-GPU nodes), the least free capacity in the blocks, fabrics and sites
-   touched (the tightest domains), the most reliable hosts, and last the hosts' primary keys (never
-   names).
+2. then the vector `Fit` (see `FIELDS`): the nodes' locality inside their hosts, the fewest regions,
+   then sites, fabrics and blocks spanned (top level down, as Kueue TAS and Slurm's topology/tree
+   minimise: a cross-site hop costs more than any number of in-fabric ones), the fewest GPUs left on
+   the hosts used (the tightest hosts: whole hosts stay whole for 8-GPU nodes), the least free capacity
+   in the blocks, fabrics and sites touched (the tightest domains), the most reliable hosts, and last the
+   hosts' primary keys (never names).
 
 Every component but the last is a sum over hosts, or over the distinct domains touched, so a
 min-plus convolution over the topology tree (block -> fabric -> site -> region -> global) finds the
@@ -27,10 +28,10 @@ from .index import Entry, _Group, _Shape
 
 FIELDS = (
     "locality",
-    "blocks",
-    "fabrics",
-    "sites",
     "regions",
+    "sites",
+    "fabrics",
+    "blocks",
     "gpus_left_on_hosts",
     "free_gpus_in_blocks",
     "free_gpus_in_fabrics",
@@ -39,7 +40,7 @@ FIELDS = (
 )
 Fit = tuple[int, ...]
 _ZERO: Fit = (0,) * len(FIELDS)
-_COUNT_FIELD = (1, 2, 3, 4)  # block, fabric, site, region: the span counts
+_COUNT_FIELD = (4, 3, 2, 1)  # block, fabric, site, region: where each span count sits (coarsest first)
 _FREE_FIELD = (6, 7, 8, None)  # free capacity of touched blocks, fabrics, sites (regions: not ranked)
 _PRICE_EPS = 1e-9
 

@@ -111,10 +111,22 @@ class HostSnapshot:
     # Every declared figure of this host is multiplied by this: local hosts on an emulated fabric run at
     # VOLT_LOCAL_FABRIC_SCALE of their declared speeds (inventory/fabric_emulation.py), 1 elsewhere.
     bandwidth_scale: float = 1.0
+    # What the host's ports give (count x rate of those up on its fabric's transport, GB/s), as discovery
+    # found them; None where no port was seen. A host cannot inject more than its ports carry, whatever
+    # its fabric declares: one 200 Gb/s port is 25 GB/s on a fabric declared at 200 GB/s per host.
+    discovered_host_gbps: float | None = None
 
     def free_count(self) -> int:
         """Free GPUs on the host, whatever their domain."""
         return sum(len(domain) for domain in self.free_gpus)
+
+    @property
+    def injection_gbps(self) -> float:
+        """The host's per-host injection bandwidth before scaling: the fabric's declared figure, or its
+        ports' where they give less."""
+        if self.discovered_host_gbps is None:
+            return self.fabric_host_gbps
+        return min(self.fabric_host_gbps, self.discovered_host_gbps)
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,7 @@ class HostDetailSerializer(HostViewSerializer):
             "gpu_problems",
             "ports",
             "network_warnings",
+            "discovered_gbytes_per_s",
             "driver",
             "address",
             "ssh_port",

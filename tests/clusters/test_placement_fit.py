@@ -168,6 +168,48 @@ def test_a_spanning_plan_uses_the_fewest_blocks_then_the_fewest_fabrics():
     assert blocks(result, inventory) == ["one", "one", "two", "two"]  # 2 blocks in 1 fabric
 
 
+def _two_sites_or_three_blocks() -> list[HostSnapshot]:
+    """Site s1: three blocks of one host in fabric f1; site s2: one block of two hosts. Three nodes fit
+    as 2 sites / 2 fabrics / 2 blocks (s2's pair and one of s1) or 1 site / 1 fabric / 3 blocks (s1)."""
+    inventory = [host(f"a{i}", f"s1b{i}", "f1", "s1") for i in range(3)]
+    inventory += [host(f"z{i}", "s2b", "f2", "s2") for i in range(2)]
+    return [replace(h, site_backbone_gbps=500.0) for h in inventory]
+
+
+def test_equal_bandwidth_and_price_span_the_fewest_sites_before_the_fewest_blocks():
+    """Issue 23, item 6 (Kueue and Slurm minimise from the top level down): at equal bandwidth and price,
+    a plan of 1 site and 3 blocks beats one of 2 sites and 2 blocks."""
+    inventory = _two_sites_or_three_blocks()
+    for parallelism in ("independent", "inference_replicas"):
+        result = plan(ask(3, parallelism=parallelism), inventory)
+        assert sorted(result.host_ids) == ["a0", "a1", "a2"], parallelism
+    # Collective work: a measured WAN as fast as the fabric makes both spans equal on busbw too.
+    measured = {("region", "r1"): 200.0}
+    result = plan(ask(3), inventory, measured)
+    assert sorted(result.host_ids) == ["a0", "a1", "a2"]
+    assert result.predicted_busbw_gbps == 200.0  # the fabric's 400 / 2, as the 2-site plan's WAN
+    assert "spans 1 regions, 1 sites, 1 fabrics, 3 blocks" in " ".join(result.explanation)
+
+
+# --- Issue 23, item 5: a host's ports cap what it injects ------------------------------------------
+
+
+def test_a_host_whose_ports_give_less_predicts_from_them_and_ranks_below_its_block():
+    """One 200 Gb/s port is 25 GB/s, whatever the fabric declares: the plan predicts from the smaller
+    figure, says so, and a block's full hosts come before the short one."""
+    short = replace(host("1", "b1"), discovered_host_gbps=25.0)
+    full = [replace(host(i, "b1"), discovered_host_gbps=400.0) for i in ("2", "3")]
+
+    both = plan(ask(2), [short, full[0]])
+    assert both.predicted_busbw_gbps == 25.0
+    assert "ports: host 1 injects 25 GB/s through its ports, below the 400 GB/s its fabric declares" in (
+        " ".join(both.explanation)
+    )
+    assert set(plan(ask(2), [short, *full]).host_ids) == {"2", "3"}
+    unknown = replace(short, discovered_host_gbps=None)  # nothing seen: the declared figure stands
+    assert plan(ask(2), [unknown, full[0]]).predicted_busbw_gbps == 400.0
+
+
 # --- 4. Ties never depend on names -----------------------------------------------------------------
 
 

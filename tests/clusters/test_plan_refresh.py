@@ -52,7 +52,7 @@ def test_a_node_moved_to_another_block_moves_the_plan_and_the_prediction(
     # A fresh cluster on the same two hosts is predicted the same.
     fresh = provision.placement.plan_for_nodes(
         services.to_request(cluster.spec),
-        [(s, tuple(range(8))) for s in services.snapshots_of([h0.pk, h2.pk]).values()],
+        [(s, tuple(range(8))) for s in services.snapshots_by_id([h0.pk, h2.pk]).values()],
         str(h0.pk), 0.0,
     )  # fmt: skip
     assert fresh.predicted_busbw_gbps == pytest.approx(cluster.predicted_busbw_gbps)

@@ -151,7 +151,10 @@ def test_ssh_host_without_ibstat_reads_ports_from_sysfs_and_is_warned_about_slow
 
     assert host.ports.count() == 8 and set(host.ports.values_list("source", flat=True)) == {"sysfs"}
     assert set(host.ports.values_list("rate_gbps", flat=True)) == {200}
-    assert len(host.discovery["network_warnings"]) == 8  # HDR ports on a fabric declared NDR
+    warnings = host.discovery["network_warnings"]
+    assert len(warnings) == 9  # HDR ports on a fabric declared NDR, and what they give together
+    assert "the ports give 200 GB/s per host (8 x 200 Gb/s InfiniBand), below the 400 GB/s" in warnings[-1]
+    assert host.discovered_gbytes_per_s == 200.0
     assert host.events.filter(kind=HostEventKind.ERROR, message__contains="runs at 200 Gb/s").exists()
 
 

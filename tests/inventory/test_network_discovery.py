@@ -74,9 +74,10 @@ def test_ports_slower_or_down_than_the_declared_fabric_are_warned_about(
 
     assert host.state == HostState.AVAILABLE  # a warning, not a failure
     warnings = host.discovery["network_warnings"]
-    assert len(warnings) == 8
+    assert len(warnings) == 9
     assert "mlx5_0 port 1 runs at 200 Gb/s; the fabric is declared InfiniBand NDR" in warnings[1]
     assert "mlx5_7 port 1 is Down" in warnings[0]
+    assert "the ports give 175 GB/s per host (7 x 200 Gb/s InfiniBand), below the 400 GB/s" in warnings[8]
     assert host.events.filter(kind=HostEventKind.ERROR, message__contains="runs at 200 Gb/s").exists()
 
     client.force_login(priya)

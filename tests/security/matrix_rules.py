@@ -159,6 +159,13 @@ ROUTES: dict[str, Rule] = {
     "api:host-retire": R("private_host"),
     "api:host-rediscover": R("private_host"),
     "api:host-faults": R("private_host", body={"fault": "hot"}),
+    # Measured figures a provider uploads for its hosts (issue 23): the hosts' provider admins and platform
+    # admins; everyone else is refused (403, or 400 for a host they do not manage).
+    "api:bandwidth-sample-list": R(
+        "page",
+        create="manage_provider",
+        body={"hosts": ["$host"], "output": "# nThread 1 nGpus 8 minBytes 8 maxBytes 8"},
+    ),
     "api:gpu-list": R("page", hidden_in_list="private_gpu"),
     "api:gpu-detail": R("private_gpu"),
     "api:offer-list": R("page"),

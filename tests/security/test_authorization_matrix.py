@@ -147,7 +147,12 @@ def world(alice, bob, priya, omar, helios, root, make_user, team_a, northwind_ib
     return {
         "objects": objects,
         "users": users,
-        "refs": {"$site": northwind_ib.site_id, "$block": block.pk, "$cluster": cluster.pk},
+        "refs": {
+            "$site": northwind_ib.site_id,
+            "$block": block.pk,
+            "$cluster": cluster.pk,
+            "$host": private.pk,
+        },
     }
 
 
@@ -226,7 +231,12 @@ def check(route: Route, rule: Rule, method: str, role: str, response) -> str | N
 
 
 def body_for(rule: Rule, world) -> dict:
-    return {k: world["refs"].get(v, v) if isinstance(v, str) else v for k, v in rule.body.items()}
+    def fill_ref(value):
+        if isinstance(value, list):
+            return [fill_ref(item) for item in value]
+        return world["refs"].get(value, value) if isinstance(value, str) else value
+
+    return {key: fill_ref(value) for key, value in rule.body.items()}
 
 
 def send(client, route: Route, method: str, path: str, rule: Rule, world):
