@@ -60,7 +60,9 @@ class JobSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
-    gpu_hours_lost = serializers.SerializerMethodField(help_text="GPU-hours lost to node failures (recoveries).")
+    gpu_hours_lost = serializers.SerializerMethodField(
+        help_text="GPU-hours lost to node failures (recoveries)."
+    )
 
     class Meta:
         model = Job
@@ -100,9 +102,14 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 
 class JobLogSerializer(serializers.Serializer):
-    offset = serializers.IntegerField()
+    offset = serializers.IntegerField(
+        help_text="Where `text` starts in the stored log (with `readable=1`: the first whole line from there)."
+    )
     next_offset = serializers.IntegerField(help_text="Ask again from here for what follows.")
     size = serializers.IntegerField(help_text="Characters stored so far.")
-    text = serializers.CharField(allow_blank=True)
+    text = serializers.CharField(
+        allow_blank=True,
+        help_text="The stored text, or with `readable=1` the same lines rendered for people.",
+    )
     complete = serializers.BooleanField(help_text="The job ended and this answer reaches the end of its log.")
     status = serializers.CharField()
