@@ -82,7 +82,7 @@
     badge.className = "state state-" + job.status;
     badge.textContent = job.status.charAt(0).toUpperCase() + job.status.slice(1);
     if (job.last_step != null) $("job-step").textContent = job.last_step;
-    if (job.first_step_at) $("job-first-step").textContent = new Date(job.first_step_at).toLocaleTimeString();
+    if (job.first_step_at) $("job-first-step").textContent = voltWhen(job.first_step_at, "time");
     const reason = $("job-reason");
     if (job.status_reason && job.status !== "succeeded") { reason.hidden = false; reason.textContent = job.status_reason; }
     const stop = $("stop-form");
@@ -92,7 +92,7 @@
     if (shown && shown !== job.status) {
       catchUp();
       const li = document.createElement("li");
-      li.innerHTML = `<time>${esc(new Date().toISOString().replace("T", " ").slice(0, 19))}</time> <strong>${esc(shown)} → ${esc(job.status)}</strong> ${esc(job.status_reason)}`;
+      li.innerHTML = `<time>${esc(voltWhen(new Date()))}</time> <strong>${esc(shown)} → ${esc(job.status)}</strong> ${esc(job.status_reason)}`;
       $("job-timeline").appendChild(li);
     }
     state.status = job.status;
@@ -103,7 +103,7 @@
     if (!rows.length) return;
     body.innerHTML = rows.map((c) => `<tr><td class="num">${c.step}</td><td>${c.synchronized ? '<span class="state state-ready">yes</span>' : '<span class="state state-failed">no</span>'}</td>` +
       `<td>${esc(c.reason) || "—"}</td><td class="num">${(c.size_bytes / 1024).toFixed(1)} KB</td>` +
-      `<td>${c.created ? new Date(c.created).toLocaleTimeString() : "—"}</td><td class="mono small">${esc(c.path)}</td></tr>`).join("");
+      `<td>${voltWhen(c.created, "time") || "—"}</td><td class="mono small">${esc(c.path)}</td></tr>`).join("");
     body.dataset.synchronized = String(rows.filter((c) => c.synchronized).length);
   }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 import urllib.request
@@ -225,3 +226,56 @@ def test_the_job_log_reads_as_steps_losses_and_checkpoints_without_colour_codes(
         "done at step 10  params sha256 9f2c",
     ]
     screenshot(page, "job-log-readable")
+
+
+def _push(redis_url: str, group: str, event: dict) -> None:
+    """Send `event` to a websocket group of the stack's web server (its Redis database, its prefix)."""
+    import asyncio
+
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    from voltweb import namespace
+
+    async def send() -> None:
+        layer = RedisPubSubChannelLayer(hosts=[redis_url], prefix=namespace.channel_prefix(redis_url))
+        try:
+            await layer.group_send(group, {"type": "volt.event", "event": event, "text": json.dumps(event)})
+        finally:
+            await layer.flush()
+
+    asyncio.run(send())
+
+
+def test_times_a_page_draws_live_read_as_the_servers_do(login, screenshot, orm, live_stack):
+    """The job page wrote live times in the browser's locale ("2:30:15 PM") beside the server's
+    "14:30:15": every time, drawn by the server or live, is now "14:30:15 UTC" (the date first in a
+    timeline)."""
+    cluster_id, job_id = orm(_job_with_a_long_log, ["one line\n"])
+    at = "2025-06-01T14:30:15+00:00"
+    page = login("alice")
+    page.goto(f"/clusters/{cluster_id}/jobs/{job_id}/")
+    expect(page.locator("#job-connection")).to_have_text("live", timeout=15_000)
+    group = f"cluster-{cluster_id}"
+    job = {"id": job_id, "status": "failed", "status_reason": "a test", "last_step": 10, "first_step_at": at}
+    orm(_push, live_stack.redis_url, group, {"kind": "job", "job": job})
+    checkpoint = {"step": 10, "path": "/x/step-00000010", "size_bytes": 2048, "synchronized": True,
+                  "reason": "", "created": at}  # fmt: skip
+    orm(
+        _push,
+        live_stack.redis_url,
+        group,
+        {"kind": "job_checkpoints", "job": job_id, "checkpoints": [checkpoint]},
+    )
+    expect(page.locator("#job-first-step")).to_have_text("14:30:15 UTC")
+    expect(page.locator("#checkpoints-table tbody td:nth-child(5)")).to_have_text("14:30:15 UTC")
+    expect(page.locator("#job-timeline li time").last).to_have_text(
+        re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
+    )
+    screenshot(page, "job-live-times")
+
+    page.goto(f"/clusters/{cluster_id}/")
+    expect(page.locator("#live-connection")).to_have_text("live", timeout=15_000)
+    node = {"host": "iad1-h100-01", "is_head": True, "rank": 0, "verdict": "ok", "rule": "", "readings": {},
+            "checked_at": at}  # fmt: skip
+    orm(_push, live_stack.redis_url, group, {"kind": "health", "ts": at, "nodes": [node]})
+    expect(page.locator("#health-table tbody td:nth-child(8)")).to_have_text("14:30:15 UTC")
