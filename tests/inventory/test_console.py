@@ -157,3 +157,19 @@ def test_api_model_filter_stays_exact(client, alice, hosts):
     assert [h["name"] for h in client.get("/api/v1/hosts/", {"model": "a100"}).json()["results"]] == [
         "ams1-a100-01"
     ]
+
+
+def test_each_interconnect_is_offered_once_and_roce_still_filters(client, alice, hosts):
+    """The label "RoCE" appeared twice in the interconnect filter: the family "roce" and the fabric kind
+    "roce" (the same value, the same hosts). Every label is offered once, on the hosts page and the
+    cluster form."""
+    import re
+
+    client.force_login(alice)
+    for url, select in (("/inventory/hosts/", "id_interconnect"), ("/clusters/new/", "id_interconnect")):
+        page = client.get(url).content.decode()
+        options = re.search(rf'<select name="interconnect"[^>]*id="{select}"[^>]*>(.*?)</select>', page, re.S)
+        labels = re.findall(r"<option[^>]*>(.*?)</option>", options.group(1))
+        assert labels.count("RoCE") == 1 and len(labels) == len(set(labels)), (url, labels)
+    page = client.get("/inventory/hosts/?interconnect=roce").content.decode()
+    assert "ams1-a100-01" in page and "iad1-h100-01" not in page
