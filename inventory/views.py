@@ -125,6 +125,7 @@ def host_detail(request, pk):
     if context["manages"] and host.driver == DriverKind.LOCAL:
         context["faults"] = services.active_faults(host)
         context["fault_choices"] = [f.name for f in fault_table.CATALOG if not f.at_creation_only]
+        context["added_with"] = {f.name for f in fault_table.CATALOG if f.at_creation_only}
         context["links_note"] = services.unavailable_reason()
     return render(request, "inventory/host_detail.html", context)
 

@@ -173,3 +173,24 @@ def test_each_interconnect_is_offered_once_and_roce_still_filters(client, alice,
         assert labels.count("RoCE") == 1 and len(labels) == len(set(labels)), (url, labels)
     page = client.get("/inventory/hosts/?interconnect=roce").content.decode()
     assert "ams1-a100-01" in page and "iad1-h100-01" not in page
+
+
+def test_a_host_added_with_nvidia_smi_missing_lists_that_fault(client, priya, hosts, client_for):
+    """A host added with `nvidia_smi_missing` said "None: a healthy host." under Faults: that fault leaves
+    no file in the sandbox's faults/ (the sandbox has no nvidia-smi). It is listed now, with no Clear
+    button (it cannot be taken back), and the API lists it; clearing it is refused."""
+    client.force_login(priya)
+    page = client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
+    faults = page.split('id="host-faults"', 1)[1].split("</ul>", 1)[0]
+    assert "nvidia_smi_missing" in faults and "a healthy host" not in faults
+    assert 'name="clear"' not in faults and "set when the host was added" in faults
+    healthy = client.get(f"/inventory/hosts/{hosts['h100'].pk}/").content.decode()
+    assert "None: a healthy host." in healthy
+
+    api = client_for(priya)
+    listed = api.get(f"/api/v1/hosts/{hosts['bad'].pk}/faults/").json()["faults"]
+    assert listed == {"nvidia_smi_missing": ""}
+    refused = api.delete(f"/api/v1/hosts/{hosts['bad'].pk}/faults/?fault=nvidia_smi_missing")
+    assert refused.status_code == 400
+    client.post(f"/inventory/hosts/{hosts['bad'].pk}/faults/", {"clear": "nvidia_smi_missing"})
+    assert "cannot be cleared" in client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
