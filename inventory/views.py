@@ -163,8 +163,12 @@ def host_action(request, pk, action):
     if action not in services.HOST_ACTIONS or not services.can_manage_provider(request.user, host.provider):
         raise Http404("No such action on a host you manage.")
     try:
-        services.act_on_host(host, action, request.user, request.POST.get("reason", ""))
-        messages.success(request, f"{host.name}: {action} done; state is now {host.get_state_display()}.")
+        host = services.act_on_host(host, action, request.user, request.POST.get("reason", ""))
+        if host.state == HostState.ONBOARDING:
+            # A worker takes it from here (it may be done by the time the page loads): no state to promise.
+            messages.success(request, f"{host.name}: onboarding started; the page follows it as it goes.")
+        else:
+            messages.success(request, f"{host.name}: {action} done; state is now {host.get_state_display()}.")
     except IllegalTransition as exc:
         messages.error(request, f"{exc} Refresh the page to see the current state.")
     except validation.HostRefused as exc:

@@ -194,3 +194,22 @@ def test_a_host_added_with_nvidia_smi_missing_lists_that_fault(client, priya, ho
     assert refused.status_code == 400
     client.post(f"/inventory/hosts/{hosts['bad'].pk}/faults/", {"clear": "nvidia_smi_missing"})
     assert "cannot be cleared" in client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
+
+
+def test_the_flash_after_retry_onboarding_does_not_contradict_the_page(
+    client, root, northwind, northwind_ib, add_local_host, committed
+):
+    """After *Retry onboarding* the flash said "state is now Onboarding" while the page, loaded once the
+    worker had onboarded the host, showed Available. The flash now says onboarding started."""
+    from inventory import services
+
+    host = add_local_host(northwind, northwind_ib, "flaky", faults={"nvidia_smi_garbage": ""})
+    assert host.state == HostState.FAILED
+    (services.sandbox_path(host) / "faults" / "nvidia_smi_garbage").unlink()
+    client.force_login(root)
+    with committed():
+        response = client.post(f"/inventory/hosts/{host.pk}/rediscover/")
+    page = client.get(response["Location"]).content.decode()
+    assert '<span class="state state-available" id="host-state">Available</span>' in page
+    flash = page.split('<ul class="flash">', 1)[1].split("</ul>", 1)[0]
+    assert "onboarding started" in flash and "Onboarding" not in flash and "state is now" not in flash
