@@ -11,7 +11,10 @@ from inventory.models import GPU, Host
 
 _FAMILY_LABELS = {"infiniband": "InfiniBand (any)", "roce": "RoCE", "ethernet": "Ethernet (any)"}
 INTERCONNECT_CHOICES = [(family, _FAMILY_LABELS.get(family, family)) for family in INTERCONNECT_FAMILIES]
-INTERCONNECT_CHOICES += list(FabricKind.choices)
+# A family holding one kind has that kind's value ("roce"): listed once, as the family.
+INTERCONNECT_CHOICES += [
+    (kind, label) for kind, label in FabricKind.choices if kind not in INTERCONNECT_FAMILIES
+]
 
 
 def _filter_interconnect(queryset, field_prefix, value):

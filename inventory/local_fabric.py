@@ -20,7 +20,7 @@ from inventory import fabric_emulation as fe
 from inventory.choices import DriverKind, HostEventKind, HostState
 from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
-from inventory.drivers.local import LINK_FAULTS, clear_fault, percent_value, set_fault
+from inventory.drivers.local import LINK_FAULTS, clear_fault, creation_faults, percent_value, set_fault
 from inventory.models import Host, HostEvent
 
 logger = logging.getLogger(__name__)
@@ -192,6 +192,8 @@ def clear_host_fault(host: Host, fault: str, actor=None, reason: str = "") -> No
     any more (`reason`: why, on the host's history)."""
     if host.driver != DriverKind.LOCAL:
         raise ValueError("faults can be cleared on local hosts only")
+    if fault in fault_table.BY_NAME and fault_table.BY_NAME[fault].at_creation_only:
+        raise ValueError(f"{fault} was set when the host was added and cannot be cleared: add the host again")
     sandbox = _sandbox(host)
     if fault == "link_flapping":
         fe.stop_flapping(sandbox / "faults" / "link_flapping")
@@ -203,15 +205,17 @@ def clear_host_fault(host: Host, fault: str, actor=None, reason: str = "") -> No
 
 
 def active_faults(host: Host) -> dict[str, str]:
-    """The faults a local host carries now: name -> the file's content."""
-    faults = _sandbox(host) / "faults"
+    """The faults a local host carries now: name -> the file's content ("" for the faults it was added
+    with that leave no file, e.g. nvidia_smi_missing: its sandbox has no nvidia-smi)."""
+    sandbox = _sandbox(host)
+    faults = sandbox / "faults"
     if host.driver != DriverKind.LOCAL or not faults.is_dir():
         return {}
-    return {
-        path.name: path.read_text().strip()
-        for path in sorted(faults.iterdir())
-        if not path.name.startswith(".")
+    found = {
+        path.name: path.read_text().strip() for path in faults.iterdir() if not path.name.startswith(".")
     }
+    found.update(dict.fromkeys(creation_faults(sandbox), ""))
+    return dict(sorted(found.items()))
 
 
 def _record(host: Host, message: str, actor, drill=None) -> None:

@@ -1,7 +1,7 @@
 """The Ray runtime of `local` hosts: DESIGN.md "Host runtime".
 
 Each host runs Ray (its nodes, the probe, the team's job drivers) from a Python environment with
-exactly the Ray and torch that Volt pins. SSH hosts name theirs (`VOLT_HOST_PYTHON`); local hosts
+exactly the Ray, torch and numpy that Volt pins. SSH hosts name theirs (`VOLT_HOST_PYTHON`); local hosts
 share this machine and use one venv, the local runtime:
 
 - built from a system interpreter of Volt's Python minor version in a folder every user can search
@@ -9,8 +9,9 @@ share this machine and use one venv, the local runtime:
   `/opt/volt/runtime-ray<ray>-torch<torch>-py<major.minor>`), readable and runnable by every user, so
   that a cluster's own Unix user can run Ray from it (Volt's own venv usually links into a folder
   closed to others, e.g. /root/.pyenv, and may sit in a `mktemp -d` checkout);
-- holding `ray[default]` and `torch` at Volt's installed versions and nothing of Volt: code that runs
-  on a cluster imports neither Django nor this project;
+- holding `ray[default]`, `torch` and `numpy` at Volt's installed versions and nothing of Volt: code
+  that runs on a cluster imports neither Django nor this project (numpy because torch looks for it at
+  import: without it every job's log began with torch's "Failed to initialize NumPy" warning);
 - built by `manage.py local_runtime` (the demo and scripts/test call it as root; a few minutes from
   PyPI's wheels in pip's cache, see docs/architecture.md "Security of a cluster").
 
@@ -36,7 +37,7 @@ from django.conf import settings
 
 from inventory.drivers.base import DriverError
 
-PINNED = ("ray", "torch")
+PINNED = ("ray", "torch", "numpy")
 # What the runtime must not hold: code on clusters imports neither Django nor Volt.
 FORBIDDEN = ("django", "voltweb", "inventory", "clusters", "jobs")
 _REPORT = (
@@ -77,8 +78,14 @@ class RuntimeStatus:
 
 
 def pins() -> dict[str, str]:
-    """Volt's own Ray and torch, exactly as installed (`2.13.0+cpu` included): what the runtime must hold."""
+    """Volt's own Ray, torch and numpy, exactly as installed (`2.13.0+cpu` included): what the runtime must
+    hold."""
     return {name: metadata.version(name) for name in PINNED}
+
+
+def describe(status: RuntimeStatus) -> str:
+    """What the runtime holds of Volt's pins, e.g. "ray 2.60.0, torch 2.13.0, numpy 2.4.6"."""
+    return ", ".join(f"{name} {status.versions.get(name) or 'missing'}" for name in PINNED)
 
 
 def python_version() -> str:
@@ -86,6 +93,8 @@ def python_version() -> str:
 
 
 def default_path() -> Path:
+    # Named by Ray and torch only: a runtime built before numpy was pinned keeps its name, so the check
+    # reports it ("numpy missing") and `local_runtime --rebuild` replaces it in place.
     versions = pins()
     torch = versions["torch"].split("+")[0]
     return Path(f"/opt/volt/runtime-ray{versions['ray']}-torch{torch}-py{python_version()}")
@@ -210,12 +219,12 @@ def base_interpreter() -> Path:
 def build(
     where: Path | None = None, *, rebuild: bool = False, log: Callable[[str], None] = print
 ) -> RuntimeStatus:
-    """Create the runtime (a venv from `base_interpreter()`, then Volt's exact Ray and torch). Idempotent:
-    a matching runtime is kept; a mismatching one is replaced only with `rebuild`."""
+    """Create the runtime (a venv from `base_interpreter()`, then Volt's exact Ray, torch and numpy).
+    Idempotent: a matching runtime is kept; a mismatching one is replaced only with `rebuild`."""
     where = Path(where or path())
     status = check(where)
     if status.ready:
-        log(f"local runtime {where}: ray {status.versions['ray']}, torch {status.versions['torch']} (ready)")
+        log(f"local runtime {where}: {describe(status)} (ready)")
         return status
     if status.exists and not rebuild:
         raise RuntimeMismatch(mismatch_message(status))
@@ -229,7 +238,11 @@ def build(
         log(f"local runtime: venv from {base} in {building}")
         _run([str(base), "-m", "venv", str(building)])
         # torch by exact version: `torch==2.13.0` takes the CPU build (a bare `torch` could be a CUDA one).
-        requirements = [f"ray[default]=={wanted['ray']}", f"torch=={wanted['torch'].split('+')[0]}"]
+        requirements = [
+            f"ray[default]=={wanted['ray']}",
+            f"torch=={wanted['torch'].split('+')[0]}",
+            f"numpy=={wanted['numpy']}",
+        ]
         log(f"local runtime: pip install {' '.join(requirements)}")
         _run([str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
               "--no-input", *requirements])  # fmt: skip
@@ -251,7 +264,7 @@ def build(
     status = check(where)
     if not status.ready:
         raise RuntimeMismatch(mismatch_message(status))
-    log(f"local runtime {where}: ray {status.versions['ray']}, torch {status.versions['torch']} (built)")
+    log(f"local runtime {where}: {describe(status)} (built)")
     return status
 
 

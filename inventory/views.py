@@ -129,6 +129,7 @@ def host_detail(request, pk):
     if context["manages"] and host.driver == DriverKind.LOCAL:
         context["faults"] = services.active_faults(host)
         context["fault_choices"] = [f.name for f in fault_table.CATALOG if not f.at_creation_only]
+        context["added_with"] = {f.name for f in fault_table.CATALOG if f.at_creation_only}
         context["links_note"] = services.unavailable_reason()
     return render(request, "inventory/host_detail.html", context)
 
@@ -166,8 +167,12 @@ def host_action(request, pk, action):
     if action not in services.HOST_ACTIONS or not services.may_act_on_host(request.user, host, action):
         raise Http404("No such action on a host you manage.")
     try:
-        services.act_on_host(host, action, request.user, request.POST.get("reason", ""))
-        messages.success(request, f"{host.name}: {action} done; state is now {host.get_state_display()}.")
+        host = services.act_on_host(host, action, request.user, request.POST.get("reason", ""))
+        if host.state == HostState.ONBOARDING:
+            # A worker takes it from here (it may be done by the time the page loads): no state to promise.
+            messages.success(request, f"{host.name}: onboarding started; the page follows it as it goes.")
+        else:
+            messages.success(request, f"{host.name}: {action} done; state is now {host.get_state_display()}.")
     except IllegalTransition as exc:
         messages.error(request, f"{exc} Refresh the page to see the current state.")
     except validation.HostRefused as exc:

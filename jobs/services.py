@@ -58,7 +58,7 @@ from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
-from jobs import transitions
+from jobs import logtext, transitions
 from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
 from jobs.models import Checkpoint, Job, JobEvent, JobLogChunk
 from voltweb import datadir, namespace, realtime
@@ -853,23 +853,56 @@ def steps_reached(job: Job, detected_at: datetime) -> dict:
     return {"last_step": last, "is_lower_bound": not exact, "step_s": round(step_s, 4)}
 
 
-def read_log(job: Job, offset: int = 0, limit: int = LOG_PAGE_MAX) -> dict:
-    """Stored log text from `offset` (characters), at most `limit`; `next_offset` is where to ask next."""
+def read_log(job: Job, offset: int = 0, limit: int = LOG_PAGE_MAX, *, readable: bool = False) -> dict:
+    """Stored log text from `offset` (characters), at most `limit`; `next_offset` is where to ask next.
+
+    `readable`: the text for people (jobs/logtext.py), rendered from whole lines only: the answer starts at
+    the first line that begins at or after `offset` and ends after its last whole line (or at the log's
+    end once the job has ended), and `offset` / `next_offset` say where that is in the stored text. A line
+    longer than `limit` comes as it is, in pieces. Offsets always count the stored (raw) text."""
     offset, limit = max(0, int(offset)), max(1, min(int(limit), LOG_PAGE_MAX))
+    text = _stored_text(job, offset, limit)
+    complete = job.status in TERMINAL
+    if readable:
+        offset, text = _whole_lines(job, offset, limit, text, at_end=complete)
+        shown = logtext.readable(text)
+    else:
+        shown = text
+    return {
+        "offset": offset,
+        "next_offset": offset + len(text),
+        "size": job.log_size,
+        "text": shown,
+        "complete": complete and offset + len(text) >= job.log_size,
+        "status": job.status,
+    }
+
+
+def _stored_text(job: Job, offset: int, limit: int) -> str:
     chunks = (
         job.log_chunks.annotate(end=F("offset") + Length("text"))
         .filter(end__gt=offset, offset__lt=offset + limit)
         .order_by("offset")
     )
-    text = "".join(c.text[max(0, offset - c.offset) :] for c in chunks)[:limit]
-    return {
-        "offset": offset,
-        "next_offset": offset + len(text),
-        "size": job.log_size,
-        "text": text,
-        "complete": job.status in TERMINAL and offset + len(text) >= job.log_size,
-        "status": job.status,
-    }
+    return "".join(c.text[max(0, offset - c.offset) :] for c in chunks)[:limit]
+
+
+def _whole_lines(job: Job, offset: int, limit: int, text: str, *, at_end: bool) -> tuple[int, str]:
+    """`text` (stored from `offset`) cut to whole lines: the partial line it starts in is left out, unless
+    that line began more than `limit` characters earlier (a reader going on through a line longer than a
+    page) or nothing would be left; so is a partial last line, unless it ends the log of an ended job or
+    is a piece of a line longer than a page."""
+    cut = text.find("\n") + 1
+    if offset > 0 and 0 < cut < len(text) and _stored_text(job, offset - 1, 1) != "\n":
+        before = _stored_text(job, max(0, offset - limit), min(offset, limit))
+        if "\n" in before or offset <= limit:
+            offset, text = offset + cut, text[cut:]
+    reaches_end = offset + len(text) >= job.log_size
+    if text and not text.endswith("\n") and not (at_end and reaches_end):
+        last = text.rfind("\n") + 1
+        if last or reaches_end:  # the end of a live log inside a line: that line when it is whole
+            text = text[:last]
+    return offset, text
 
 
 def log_text_chunks(job: Job):

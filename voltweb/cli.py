@@ -563,9 +563,21 @@ def cmd_job_submit(client: Client, args: argparse.Namespace) -> int:
     return follow_job(client, job["id"], args.timeout, stream=True)
 
 
+def _log_params(offset: int, limit: int | None = None, *, raw: bool = False) -> dict:
+    """A /logs/ query: the readable text (colours stripped, VOLT_EVENT lines as steps, losses and
+    checkpoints, whole lines) unless `raw`. Offsets are the stored text's either way."""
+    params: dict[str, Any] = {"offset": offset}
+    if limit is not None:
+        params["limit"] = limit
+    if not raw:
+        params["readable"] = 1
+    return params
+
+
 def follow_job(
-    client: Client, job_id: int, timeout_s: float, *, stream: bool, to_stdout: bool = False, offset: int = 0
-) -> int:
+    client: Client, job_id: int, timeout_s: float, *, stream: bool, to_stdout: bool = False, offset: int = 0,
+    raw: bool = False,
+) -> int:  # fmt: skip
     """Print the job's log from `offset` as it grows (stderr, or stdout for `logs --follow`) until it ends;
     exit by status."""
     deadline = time.monotonic() + timeout_s
@@ -573,14 +585,17 @@ def follow_job(
     out = sys.stdout if to_stdout else sys.stderr
     while True:
         # Not streaming (stop --wait): only whether the job ended and its log is all stored; no text needed.
-        params = {"offset": offset} if stream else {"offset": offset, "limit": 1}
+        params = _log_params(offset, raw=raw) if stream else {"offset": offset, "limit": 1}
         page = _job_get(client, f"/jobs/{job_id}/logs/", params)
         if stream and page["text"]:
             out.write(page["text"])
             out.flush()
+        asked = offset
         offset = page["next_offset"] if stream else max(offset, page["size"])
-        if offset < page["size"] or page["next_offset"] < offset:
-            continue  # more stored than one answer carries (streaming), or not yet asked at the end (not)
+        if (stream and asked < offset < page["size"]) or (not stream and page["next_offset"] < offset):
+            # More stored than one answer carries (streaming; a line still being written waits for the
+            # next poll), or not yet asked at the end (not streaming).
+            continue
         if page["status"] in JOB_ENDED and page["complete"]:
             job = _job_get(client, f"/jobs/{job_id}/")
             if not to_stdout:
@@ -604,32 +619,36 @@ def _job_get(client: Client, path: str, params: dict | None = None) -> Any:
         raise
 
 
-def tail_log(client: Client, job_id: int, lines: int) -> tuple[str, int]:
+def tail_log(client: Client, job_id: int, lines: int, *, raw: bool = False) -> tuple[str, int]:
     """The last `lines` lines of the job's stored log, and the offset just past them (where a follow goes
     on). Pages are read backwards from the end, only as far as needed."""
     size = end = _job_get(client, f"/jobs/{job_id}/logs/", {"offset": 0, "limit": 1})["size"]
-    text = ""
+    text, follow_from = "", size
     while end > 0 and text.count("\n") <= lines:  # one newline more than lines: the first is whole
         start = max(0, end - LOG_PAGE)
-        page = _job_get(client, f"/jobs/{job_id}/logs/", {"offset": start, "limit": end - start})
+        page = _job_get(client, f"/jobs/{job_id}/logs/", _log_params(start, end - start, raw=raw))
+        if end == size:
+            follow_from = page["next_offset"]  # a readable page ends at a whole line
         text = page["text"] + text
-        end = start
+        end = page["offset"] if page["offset"] < end else start  # a readable page starts at a whole line
     kept = text.splitlines(keepends=True)[-lines:] if lines else []
-    return "".join(kept), size
+    return "".join(kept), follow_from
 
 
 def cmd_job_logs(client: Client, args: argparse.Namespace) -> int:
     offset = 0
     if args.tail is not None:
-        text, offset = tail_log(client, args.id, args.tail)
+        text, offset = tail_log(client, args.id, args.tail, raw=args.raw)
         sys.stdout.write(text)
         sys.stdout.flush()
         if not args.follow:
             return EXIT_OK
     if args.follow:
-        return follow_job(client, args.id, args.timeout, stream=True, to_stdout=True, offset=offset)
+        return follow_job(
+            client, args.id, args.timeout, stream=True, to_stdout=True, offset=offset, raw=args.raw
+        )
     while True:
-        page = _job_get(client, f"/jobs/{args.id}/logs/", {"offset": offset})
+        page = _job_get(client, f"/jobs/{args.id}/logs/", _log_params(offset, raw=args.raw))
         sys.stdout.write(page["text"])
         offset = page["next_offset"]
         if not page["text"] or offset >= page["size"]:
@@ -692,8 +711,13 @@ def _add_job_commands(resources, connection) -> None:
     submit.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command to run")
     logs = command("logs", cmd_job_logs, "a job's log; --follow until it ends (exit 0 if it succeeded)")
     logs.add_argument("id", type=_cluster_id)
+    logs.add_argument(
+        "--raw", action="store_true", help="as stored (colour codes, VOLT_EVENT lines), not as people read it"
+    )
     logs.add_argument("--follow", "-f", action="store_true")
-    logs.add_argument("--tail", type=_line_count, metavar="LINES", help="only the last LINES lines (then --follow)")
+    logs.add_argument(
+        "--tail", type=_line_count, metavar="LINES", help="only the last LINES lines (then --follow)"
+    )
     logs.add_argument("--timeout", **timeout)
     stop = command("stop", cmd_job_stop, "stop a job on every host; --wait until it is stopped")
     stop.add_argument("id", type=_cluster_id)

@@ -212,6 +212,14 @@ def create_sandbox(sandbox: Path, spec: Mapping, faults: Mapping[str, str] | Non
         path.chmod(0o755)
 
 
+def creation_faults(sandbox: Path) -> list[str]:
+    """The faults the sandbox was created with that leave no file in faults/: a tool left out of bin/
+    (`nvidia_smi_missing`, `ibstat_missing`)."""
+    if not (sandbox / "bin").is_dir():
+        return []
+    return [f"{tool.replace('-', '_')}_missing" for tool in _TOOLS if not (sandbox / "bin" / tool).exists()]
+
+
 def set_fault(sandbox: Path, name: str, content: str = "") -> None:
     """Inject a fault into a running sandbox (tests, demos)."""
     if name not in FAULTS or fault_table.BY_NAME[name].at_creation_only:

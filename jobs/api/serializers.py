@@ -113,9 +113,14 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 
 class JobLogSerializer(serializers.Serializer):
-    offset = serializers.IntegerField()
+    offset = serializers.IntegerField(
+        help_text="Where `text` starts in the stored log (with `readable=1`: the first whole line from there)."
+    )
     next_offset = serializers.IntegerField(help_text="Ask again from here for what follows.")
     size = serializers.IntegerField(help_text="Characters stored so far.")
-    text = serializers.CharField(allow_blank=True)
+    text = serializers.CharField(
+        allow_blank=True,
+        help_text="The stored text, or with `readable=1` the same lines rendered for people.",
+    )
     complete = serializers.BooleanField(help_text="The job ended and this answer reaches the end of its log.")
     status = serializers.CharField()

@@ -136,6 +136,17 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             OpenApiParameter(
                 "limit", int, description=f"At most this many characters ({services.LOG_PAGE_MAX})."
             ),
+            OpenApiParameter(
+                "readable",
+                bool,
+                description=(
+                    "`1`: the text for people: colour codes stripped, `VOLT_EVENT {...}` lines as sentences "
+                    "(`step 120  loss 0.4321`, `checkpoint step 120 saved (2 shards, 1.6 MB)`), whole lines "
+                    "only (`offset` moves forward to the first line starting at or after it, `next_offset` "
+                    "ends after the last whole line). Offsets still count the stored text: go on from "
+                    "`next_offset`. Default `0`: the stored text as the job printed it."
+                ),
+            ),
         ],
         responses={200: s.JobLogSerializer, **ERRORS},
     )
@@ -146,7 +157,8 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         job = self.get_object()
         offset = _int_param(request, "offset", 0)
         limit = _int_param(request, "limit", services.LOG_PAGE_MAX)
-        return Response(services.read_log(job, offset, limit))
+        readable = _bool_param(request, "readable")
+        return Response(services.read_log(job, offset, limit, readable=readable))
 
     @extend_schema(request=None, responses={202: s.JobSerializer, **ERRORS})
     @action(detail=True, methods=["post"])
@@ -186,3 +198,12 @@ def _int_param(request, name: str, default: int) -> int:
             {name: [f"Must be a whole number of characters, 0 or more (got {raw[:20]!r})."]}
         )
     return int(raw)
+
+
+def _bool_param(request, name: str) -> bool:
+    raw = request.query_params.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ValidationError({name: [f"Must be 1 or 0 (got {raw[:20]!r})."]})

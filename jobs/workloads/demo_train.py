@@ -204,6 +204,7 @@ def _train(
                     volt_ckpt.emit_checkpoint,
                     step,
                     os.path.join(config.checkpoint_dir, volt_ckpt.step_dir_name(step)),
+                    manifest,
                 )
         if config.step_sleep > 0:
             time.sleep(config.step_sleep)

@@ -364,8 +364,15 @@ def emit_step(step: int, loss: float, *, sink: Callable[[str], Any] | None = Non
     return emit("step", sink=sink, step=int(step), loss=float(loss), time=time.time())
 
 
-def emit_checkpoint(step: int, path: str, *, sink: Callable[[str], Any] | None = None) -> str:
-    return emit("checkpoint", sink=sink, step=int(step), path=str(path))
+def emit_checkpoint(
+    step: int, path: str, manifest: dict[str, Any] | None = None, *, sink: Callable[[str], Any] | None = None
+) -> str:
+    """A synchronized checkpoint: its step and folder, and with its `manifest` how many shards and bytes."""
+    fields: dict[str, Any] = {"step": int(step), "path": str(path)}
+    if manifest is not None:
+        shards = manifest.get("shards") or []
+        fields.update(shards=len(shards), bytes=sum(int(s.get("bytes") or 0) for s in shards))
+    return emit("checkpoint", sink=sink, **fields)
 
 
 def emit_resumed(step: int, path: str, *, sink: Callable[[str], Any] | None = None) -> str:

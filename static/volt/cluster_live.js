@@ -120,7 +120,7 @@
       return `<tr data-host="${esc(n.host)}"><td>${esc(n.host)}</td><td>${n.is_head ? "head" : "rank " + n.rank}</td>` +
         `<td><span class="state state-${cls} verdict">${esc(verdict)}</span></td><td class="rule">${esc(n.rule) || "—"}</td>` +
         `<td class="num">${fmt(r.gpu_temp_c, 0)}</td><td class="num">${fmt(r.gpu_util_pct, 0)}</td><td class="num">${fmt(r.gpu_power_w, 0)}</td>` +
-        `<td class="small muted">${n.checked_at ? new Date(n.checked_at).toLocaleTimeString() : "—"}</td></tr>`;
+        `<td class="small muted">${voltWhen(n.checked_at, "time") || "—"}</td></tr>`;
     }).join("");
   }
 
@@ -150,7 +150,7 @@
     const list = $("cluster-timeline");
     if (!list) return;
     const li = document.createElement("li");
-    li.innerHTML = `<time>${esc(new Date(at).toISOString().replace("T", " ").slice(0, 19))}</time> <strong>${esc(from || "")} → ${esc(to)}</strong> ${esc(message)}`;
+    li.innerHTML = `<time>${esc(voltWhen(at))}</time> <strong>${esc(from || "")} → ${esc(to)}</strong> ${esc(message)}`;
     list.appendChild(li);
   }
 

@@ -27,7 +27,7 @@
       `<td><span class="state state-${esc(h.state)}">${esc(h.state)}</span></td><td class="num">${h.clusters}</td>` +
       `<td class="verdict">${esc(h.verdict || "not watched")}</td><td class="rule">${esc(h.rule) || "—"}</td>` +
       `<td class="num temp">${h.gpu_temp_c == null ? "—" : esc(h.gpu_temp_c)}</td>` +
-      `<td class="small muted">${h.checked_at ? new Date(h.checked_at).toLocaleTimeString() : "—"}</td></tr>`).join("");
+      `<td class="small muted">${voltWhen(h.checked_at, "time") || "—"}</td></tr>`).join("");
   }
 
   function connect() {

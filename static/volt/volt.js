@@ -1,4 +1,17 @@
 // Console behaviour that must not be inline (Content-Security-Policy: scripts need a nonce or this origin).
+// Loaded in <head> without defer: the live pages' scripts (end of <body>) use voltWhen.
+
+// The one way a page writes a moment, as the server's `when` filter does (voltweb/templatetags/when.py):
+// voltWhen(iso) → "2025-06-01 14:30:15 UTC", voltWhen(iso, "time") → "14:30:15 UTC"; 24-hour, in UTC (Volt's
+// TIME_ZONE), never the browser's locale ("2:28:34 PM"). Nothing for a missing or unreadable value.
+function voltWhen(value, part) {
+  const moment = value == null || value === "" ? null : new Date(value);
+  if (!moment || Number.isNaN(moment.getTime())) return "";
+  const iso = moment.toISOString();
+  const time = iso.slice(11, 19) + " UTC";
+  return part === "time" ? time : iso.slice(0, 10) + " " + time;
+}
+window.voltWhen = voltWhen;
 // <button data-confirm="Question?"> asks before its form is submitted.
 document.addEventListener("click", (event) => {
   const button = event.target.closest("[data-confirm]");

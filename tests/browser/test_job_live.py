@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 import urllib.request
@@ -115,7 +116,8 @@ def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, sc
             chart = cluster_page.locator("#busbw-chart")
             before = int(chart.get_attribute("data-job-points") or 0)
 
-            expect(page.locator("#job-log")).to_contain_text("VOLT_EVENT", timeout=240_000)
+            # The log as people read it: "step 1  loss 2.7726", not VOLT_EVENT JSON.
+            expect(page.locator("#job-log")).to_contain_text("  loss ", timeout=240_000)
             expect(page.locator("#job-status")).to_have_text("Running", timeout=30_000)
             expect(cluster_page.locator("#jobs-table .job-status").first).to_have_text(
                 "Running", timeout=30_000
@@ -131,6 +133,8 @@ def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, sc
 
             expect(page.locator("#job-status")).to_have_text("Succeeded", timeout=300_000)
             expect(page.locator("#checkpoints-table tbody")).to_contain_text("yes", timeout=30_000)
+            expect(page.locator("#job-log")).to_contain_text("checkpoint step 10 saved (2 shards, ")
+            assert "VOLT_EVENT" not in page.locator("#job-log").text_content()
             assert page.evaluate("window.__notReloaded === true")
             assert cluster_page.evaluate("window.__notReloaded === true")
             screenshot(page, "job-live")
@@ -194,3 +198,84 @@ def test_a_long_log_opens_at_its_end_and_earlier_lines_load_on_demand(login, scr
     saved = tmp_path / "job.log"
     download.value.save_as(saved)
     assert saved.read_text(encoding="utf-8") == whole
+
+
+def test_the_job_log_reads_as_steps_losses_and_checkpoints_without_colour_codes(login, screenshot, orm):
+    """The job page showed Ray's colour codes as control glyphs and progress only as `VOLT_EVENT {...}`
+    JSON. It shows the API's readable text: colours stripped, events as sentences."""
+    from jobs.workloads import volt_ckpt
+
+    lines = [
+        "\x1b[36m(TrainRank pid=4242, ip=127.0.0.2)\x1b[0m \x1b[1;33mrank 0 of 2 starts\x1b[0m\n",
+        volt_ckpt.event_line("step", step=1, loss=2.302585, time=1.7e9) + "\n",
+        volt_ckpt.event_line("busbw", **volt_ckpt.busbw_fields(2, 1_600_000, 0.004, 2)) + "\n",
+        volt_ckpt.event_line("checkpoint", step=10, path="/s/step-00000010", shards=2, bytes=1_677_722)
+        + "\n",
+        volt_ckpt.event_line("done", step=10, params_sha256="9f2c") + "\n",
+    ]
+    cluster_id, job_id = orm(_job_with_a_long_log, lines)
+    page = login("alice")
+    page.goto(f"/clusters/{cluster_id}/jobs/{job_id}/")
+    log = page.locator("#job-log")
+    expect(log).to_contain_text("done at step 10", timeout=15_000)
+    assert log.text_content().splitlines() == [
+        "(TrainRank pid=4242, ip=127.0.0.2) rank 0 of 2 starts",
+        "step 1  loss 2.3026",
+        "step 2  all-reduce busbw 0.400 GB/s (algbw 0.400 GB/s, 2 ranks)",
+        "checkpoint step 10 saved (2 shards, 1.6 MB)",
+        "done at step 10  params sha256 9f2c",
+    ]
+    screenshot(page, "job-log-readable")
+
+
+def _push(redis_url: str, group: str, event: dict) -> None:
+    """Send `event` to a websocket group of the stack's web server (its Redis database, its prefix)."""
+    import asyncio
+
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    from voltweb import namespace
+
+    async def send() -> None:
+        layer = RedisPubSubChannelLayer(hosts=[redis_url], prefix=namespace.channel_prefix(redis_url))
+        try:
+            await layer.group_send(group, {"type": "volt.event", "event": event, "text": json.dumps(event)})
+        finally:
+            await layer.flush()
+
+    asyncio.run(send())
+
+
+def test_times_a_page_draws_live_read_as_the_servers_do(login, screenshot, orm, live_stack):
+    """The job page wrote live times in the browser's locale ("2:30:15 PM") beside the server's
+    "14:30:15": every time, drawn by the server or live, is now "14:30:15 UTC" (the date first in a
+    timeline)."""
+    cluster_id, job_id = orm(_job_with_a_long_log, ["one line\n"])
+    at = "2025-06-01T14:30:15+00:00"
+    page = login("alice")
+    page.goto(f"/clusters/{cluster_id}/jobs/{job_id}/")
+    expect(page.locator("#job-connection")).to_have_text("live", timeout=15_000)
+    group = f"cluster-{cluster_id}"
+    job = {"id": job_id, "status": "failed", "status_reason": "a test", "last_step": 10, "first_step_at": at}
+    orm(_push, live_stack.redis_url, group, {"kind": "job", "job": job})
+    checkpoint = {"step": 10, "path": "/x/step-00000010", "size_bytes": 2048, "synchronized": True,
+                  "reason": "", "created": at}  # fmt: skip
+    orm(
+        _push,
+        live_stack.redis_url,
+        group,
+        {"kind": "job_checkpoints", "job": job_id, "checkpoints": [checkpoint]},
+    )
+    expect(page.locator("#job-first-step")).to_have_text("14:30:15 UTC")
+    expect(page.locator("#checkpoints-table tbody td:nth-child(5)")).to_have_text("14:30:15 UTC")
+    expect(page.locator("#job-timeline li time").last).to_have_text(
+        re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
+    )
+    screenshot(page, "job-live-times")
+
+    page.goto(f"/clusters/{cluster_id}/")
+    expect(page.locator("#live-connection")).to_have_text("live", timeout=15_000)
+    node = {"host": "iad1-h100-01", "is_head": True, "rank": 0, "verdict": "ok", "rule": "", "readings": {},
+            "checked_at": at}  # fmt: skip
+    orm(_push, live_stack.redis_url, group, {"kind": "health", "ts": at, "nodes": [node]})
+    expect(page.locator("#health-table tbody td:nth-child(8)")).to_have_text("14:30:15 UTC")

@@ -261,3 +261,27 @@ def test_gbps_filter_keeps_places_from_a_tenth_up():
 
     assert gbps(400.0) == "400.0" and gbps(0.1) == "0.1" and gbps(0.0986, 2) == "0.099"
     assert gbps(0.0003125) == "0.00031" and gbps(None) == "" and gbps(0) == "0.0"
+
+
+@pytest.mark.parametrize(
+    ("status", "heading"),
+    [("degraded", "Degraded — a node failed"), ("recovering", "Recovering — not ready to connect")],
+)
+def test_a_cluster_being_repaired_does_not_say_ready_connect(client, alice, rack, committed, status, heading):
+    """The green "Ready — connect" box stayed while the cluster was RECOVERING: the details stay (the
+    cluster is still there), under a warning that says it is not ready."""
+    client.force_login(alice)
+    with committed():
+        client.post("/clusters/new/", FORM)
+    cluster = Cluster.objects.get()
+    ready(cluster)
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "Ready — connect" in page and 'class="card success-box" id="cluster-connection"' in page
+
+    Cluster.objects.filter(pk=cluster.pk).update(status=status)
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    box = re.search(
+        r'<div class="card ([\w-]+)" id="cluster-connection">(.*?)<div class="facts">', page, re.S
+    )
+    assert box.group(1) == "warn-box" and heading in box.group(2) and "not ready" in box.group(2)
+    assert "Ready — connect" not in page and "10.9.0.1:20000" in page  # the details are still there

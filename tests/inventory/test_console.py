@@ -157,3 +157,59 @@ def test_api_model_filter_stays_exact(client, alice, hosts):
     assert [h["name"] for h in client.get("/api/v1/hosts/", {"model": "a100"}).json()["results"]] == [
         "ams1-a100-01"
     ]
+
+
+def test_each_interconnect_is_offered_once_and_roce_still_filters(client, alice, hosts):
+    """The label "RoCE" appeared twice in the interconnect filter: the family "roce" and the fabric kind
+    "roce" (the same value, the same hosts). Every label is offered once, on the hosts page and the
+    cluster form."""
+    import re
+
+    client.force_login(alice)
+    for url, select in (("/inventory/hosts/", "id_interconnect"), ("/clusters/new/", "id_interconnect")):
+        page = client.get(url).content.decode()
+        options = re.search(rf'<select name="interconnect"[^>]*id="{select}"[^>]*>(.*?)</select>', page, re.S)
+        labels = re.findall(r"<option[^>]*>(.*?)</option>", options.group(1))
+        assert labels.count("RoCE") == 1 and len(labels) == len(set(labels)), (url, labels)
+    page = client.get("/inventory/hosts/?interconnect=roce").content.decode()
+    assert "ams1-a100-01" in page and "iad1-h100-01" not in page
+
+
+def test_a_host_added_with_nvidia_smi_missing_lists_that_fault(client, priya, hosts, client_for):
+    """A host added with `nvidia_smi_missing` said "None: a healthy host." under Faults: that fault leaves
+    no file in the sandbox's faults/ (the sandbox has no nvidia-smi). It is listed now, with no Clear
+    button (it cannot be taken back), and the API lists it; clearing it is refused."""
+    client.force_login(priya)
+    page = client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
+    faults = page.split('id="host-faults"', 1)[1].split("</ul>", 1)[0]
+    assert "nvidia_smi_missing" in faults and "a healthy host" not in faults
+    assert 'name="clear"' not in faults and "set when the host was added" in faults
+    healthy = client.get(f"/inventory/hosts/{hosts['h100'].pk}/").content.decode()
+    assert "None: a healthy host." in healthy
+
+    api = client_for(priya)
+    listed = api.get(f"/api/v1/hosts/{hosts['bad'].pk}/faults/").json()["faults"]
+    assert listed == {"nvidia_smi_missing": ""}
+    refused = api.delete(f"/api/v1/hosts/{hosts['bad'].pk}/faults/?fault=nvidia_smi_missing")
+    assert refused.status_code == 400
+    client.post(f"/inventory/hosts/{hosts['bad'].pk}/faults/", {"clear": "nvidia_smi_missing"})
+    assert "cannot be cleared" in client.get(f"/inventory/hosts/{hosts['bad'].pk}/").content.decode()
+
+
+def test_the_flash_after_retry_onboarding_does_not_contradict_the_page(
+    client, root, northwind, northwind_ib, add_local_host, committed
+):
+    """After *Retry onboarding* the flash said "state is now Onboarding" while the page, loaded once the
+    worker had onboarded the host, showed Available. The flash now says onboarding started."""
+    from inventory import services
+
+    host = add_local_host(northwind, northwind_ib, "flaky", faults={"nvidia_smi_garbage": ""})
+    assert host.state == HostState.FAILED
+    (services.sandbox_path(host) / "faults" / "nvidia_smi_garbage").unlink()
+    client.force_login(root)
+    with committed():
+        response = client.post(f"/inventory/hosts/{host.pk}/rediscover/")
+    page = client.get(response["Location"]).content.decode()
+    assert '<span class="state state-available" id="host-state">Available</span>' in page
+    flash = page.split('<ul class="flash">', 1)[1].split("</ul>", 1)[0]
+    assert "onboarding started" in flash and "Onboarding" not in flash and "state is now" not in flash

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,12 @@ from clusters.provisioning import ray_nodes
 from inventory import local_runtime
 
 
-def fake_runtime(folder: Path, versions: dict, *, python: str | None = None, foreign=()) -> Path:
+def fake_runtime(
+    folder: Path, versions: dict, *, python: str | None = None, foreign=(), rewrite: bool = False
+) -> Path:
     """A venv-shaped folder whose `bin/python` reports what it holds as the real report does."""
-    (folder / "bin").mkdir(parents=True)
-    (folder / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (folder / "bin").mkdir(parents=True, exist_ok=rewrite)
+    (folder / "lib" / "python3.11" / "site-packages").mkdir(parents=True, exist_ok=rewrite)
     report = {
         "python": python or local_runtime.python_version(),
         "versions": versions,
@@ -30,8 +33,46 @@ def fake_runtime(folder: Path, versions: dict, *, python: str | None = None, for
 
 def test_pins_are_volts_own_installed_versions():
     pins = local_runtime.pins()
-    assert set(pins) == {"ray", "torch"} and all(pins.values())
+    assert set(pins) == {"ray", "torch", "numpy"} and all(pins.values())
     assert local_runtime.default_path().name.startswith(f"runtime-ray{pins['ray']}-torch")
+
+
+def test_a_runtime_without_numpy_is_reported_and_a_rebuild_installs_volts_numpy(
+    settings, tmp_path, monkeypatch
+):
+    """torch printed "Failed to initialize NumPy" at the top of every job's log: the runtime held only Ray
+    and torch. Volt's numpy is pinned now: a runtime built before is a mismatch that says how to rebuild,
+    and `manage.py local_runtime --rebuild` installs numpy at Volt's version."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    pins = local_runtime.pins()
+    runtime = fake_runtime(tmp_path / "rt", {"ray": pins["ray"], "torch": pins["torch"], "numpy": None})
+    monkeypatch.setattr(local_runtime, "open_to_others", lambda python: True)
+    settings.VOLT_LOCAL_RUNTIME = str(runtime)
+    status = local_runtime.check()
+    assert status.problems == [f"numpy missing, Volt pins {pins['numpy']}"]
+    with pytest.raises(local_runtime.RuntimeMismatch, match=r"numpy missing.*--rebuild"):
+        local_runtime.python_for_local_hosts()
+    with pytest.raises(CommandError, match="numpy missing"):
+        call_command("local_runtime", "--check")
+
+    installed: list[str] = []
+
+    def run(command):  # venv and pip, as a fake: the venv reports what pip was asked to install
+        if command[1:3] == ["-m", "venv"]:
+            fake_runtime(Path(command[3]), {})
+            (Path(command[3]) / "pyvenv.cfg").write_text(f"command = python -m venv {command[3]}\n")
+        else:
+            installed.extend(command[command.index("--no-input") + 1 :])
+            versions = dict(re.fullmatch(r"([a-z]+)(?:\[\w+\])?==(.+)", r).groups() for r in installed)
+            fake_runtime(Path(command[0]).parents[1], {**versions, "torch": pins["torch"]}, rewrite=True)
+
+    monkeypatch.setattr(local_runtime, "_run", run)
+    monkeypatch.setattr(local_runtime, "base_interpreter", lambda: Path("/usr/bin/python3"))
+    call_command("local_runtime", "--rebuild")
+    assert f"numpy=={pins['numpy']}" in installed
+    assert local_runtime.check().ready and local_runtime.check().versions["numpy"] == pins["numpy"]
 
 
 def test_missing_default_runtime_falls_back_to_volts_own_python(settings, tmp_path):

@@ -31,6 +31,9 @@ def test_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one(tmp_path: Path,
     assert busbw and all(e["world_size"] == 2 and e["bytes"] > 0 and e["busbw_gbps"] > 0 for e in busbw)
     assert events[-1] == {"kind": "done", "step": 8, "params_sha256": straight[0]["params_sha256"]}
     assert [(e["step"], e["synchronized"]) for e in volt_ckpt.scan(straight_dir)] == [(4, True), (8, True)]
+    # Each checkpoint event says what it saved (the log shows "checkpoint step 4 saved (2 shards, ...)").
+    saved = [(e["shards"], e["bytes"]) for e in events if e["kind"] == "checkpoint"]
+    assert saved == [(2, c["bytes"]) for c in volt_ckpt.scan(straight_dir)]
 
     # k = 4 steps, stopped; then a new run resumes from its step-4 checkpoint and goes on to 8.
     code, first, _, _ = run(capfd, steps=4, checkpoint_every=4, checkpoint_dir=str(first_dir))

@@ -414,3 +414,30 @@ def test_waiting_for_a_stop_reads_no_log_text(live_server, token, alice, team_a,
     client.get = get
     assert cli.follow_job(client, job.pk, 30, stream=False) == cli.EXIT_TERMINATED
     assert sum(fetched) <= 1 and len(fetched) <= 3
+
+
+def test_jobs_logs_prints_the_log_as_people_read_it_and_raw_on_request(volt, alice, team_a):
+    """`volt jobs logs` printed the stored text: colour codes as escape sequences and progress only as
+    `VOLT_EVENT {...}` JSON. It prints the API's readable text now (`--raw`: as stored), also with --tail."""
+    from jobs import services as jobs
+    from jobs.models import Job
+    from jobs.workloads import volt_ckpt
+
+    cluster = Cluster.objects.create(team=team_a, created_by=alice, name="readable", status="terminated",
+                                     spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]})  # fmt: skip
+    job = Job.objects.create(cluster=cluster, team=team_a, created_by=alice, entrypoint="python t.py",
+                             status="succeeded")  # fmt: skip
+    raw = (
+        "\x1b[36m(TrainRank pid=7)\x1b[0m starting\n"
+        + volt_ckpt.event_line("step", step=10, loss=0.5, time=1.7e9) + "\n"
+        + volt_ckpt.event_line("checkpoint", step=10, path="/s/step-00000010", shards=2, bytes=2048) + "\n"
+    )  # fmt: skip
+    jobs.store_log(job, raw.encode(), final=True)
+    readable = (
+        "(TrainRank pid=7) starting\nstep 10  loss 0.5000\ncheckpoint step 10 saved (2 shards, 2.0 KB)\n"
+    )
+
+    assert volt("jobs", "logs", str(job.pk)).out == readable
+    assert volt("jobs", "logs", str(job.pk), "--follow").out == readable
+    assert volt("jobs", "logs", str(job.pk), "--tail", "2").out == readable.split("\n", 1)[1]
+    assert volt("jobs", "logs", str(job.pk), "--raw").out == raw

@@ -63,7 +63,7 @@ def test_the_console_shows_the_lifetime_and_each_expiry(client, alice):
 
     token = ApiToken.objects.get(user=alice)
     assert "expire after 90 days" in page
-    assert f"It expires on {token.expires_at:%Y-%m-%d %H:%M} UTC" in page
+    assert f"It expires on {token.expires_at:%Y-%m-%d %H:%M:%S} UTC" in page
     assert "<th>Expires</th>" in page
 
 

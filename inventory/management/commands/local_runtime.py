@@ -12,8 +12,9 @@ from inventory import local_runtime
 
 class Command(BaseCommand):
     help = (
-        "Build (if missing) the venv local hosts run Ray from: Volt's exact ray[default] and torch on a "
-        "system Python every user can run, so a cluster's own Unix user can run it. --check only reports."
+        "Build (if missing) the venv local hosts run Ray from: Volt's exact ray[default], torch and numpy on "
+        "a system Python every user can run, so a cluster's own Unix user can run it. --check only reports; "
+        "--rebuild replaces one that does not match."
     )
 
     def add_arguments(self, parser):
@@ -28,9 +29,7 @@ class Command(BaseCommand):
         if check:
             status = local_runtime.check(where)
             if status.ready:
-                self.stdout.write(
-                    f"{status.path}: ready (ray {status.versions['ray']}, torch {status.versions['torch']})"
-                )
+                self.stdout.write(f"{status.path}: ready ({local_runtime.describe(status)})")
                 return
             if not status.exists:
                 raise CommandError(f"{status.path} does not exist: run `python manage.py local_runtime`.")

@@ -81,7 +81,8 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         if os.geteuid() == 0:  # clusters run Ray as users of their own, from a runtime they can run
             try:
-                call_command("local_runtime")
+                # A runtime of an older Volt (other pins, e.g. no numpy) would refuse every local cluster.
+                call_command("local_runtime", rebuild=True)
             except CommandError as exc:
                 self._say(f"No local Ray runtime ({exc}): local clusters' jobs are not isolated.")
         if not no_seed:
