@@ -822,7 +822,10 @@ def apply_events(job: Job, events: list[dict]) -> bool:
         elif kind == "resumed":
             note(job, f"resumed from step {event.get('step')} ({str(event.get('path'))[:300]})")
     if updates:
-        Job.objects.filter(pk=job.pk).update(**updates)
+        # Only onto the attempt these events came from: a poll that read attempt N's log while recovery
+        # resubmitted the job as N + 1 must not put N's steps back over the new attempt's.
+        if not Job.objects.filter(pk=job.pk, attempt=job.attempt).update(**updates):
+            return rescan
         for name, value in updates.items():
             setattr(job, name, value)
         _announce(job)

@@ -164,3 +164,18 @@ def test_a_second_failure_counts_the_steps_of_the_attempt_that_failed(cluster, a
 
     shown = api_record(client_for, alice, cluster)  # newest first
     assert figures(shown) == (30, 1, True)
+
+
+def test_a_poll_of_the_interrupted_attempt_does_not_write_over_the_resubmitted_one(cluster, alice):
+    """A poll that loaded attempt 1 before recovery resubmitted the job, and applies attempt 1's last
+    events after: attempt 2's last step and step marks (when it stepped again) stay as the resubmission
+    set them."""
+    job = running_job(cluster, alice, steps([1, 5, 10, 15, 20, 25], lambda n: 1_700_000_000 + n))
+    checkpoint(job, 20)
+    stale = Job.objects.get(pk=job.pk)  # what the poll loaded
+    fail_and_recover(cluster, job, timezone.now() - timedelta(seconds=10))
+
+    services.apply_events(stale, steps([26, 27], lambda n: 1_700_000_000 + n))
+
+    job.refresh_from_db()
+    assert (job.attempt, job.last_step, job.attempt_steps) == (2, 20, {})
