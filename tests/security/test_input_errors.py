@@ -304,3 +304,16 @@ def test_drill_values_out_of_their_range_are_400s(
 
     assert_field_400(response, "value", words)
     assert inventory.active_faults(local_host) == {}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["-3.725731641844393e+215", "99999999999999999999", "1.5"])
+def test_a_job_list_filtered_by_an_impossible_cluster_id_is_400(alice_api, value):
+    """Found by schemathesis' stateful phase: the cluster filter took any decimal, and one beyond the
+    database's integers was an OverflowError (a 500)."""
+    from urllib.parse import quote
+
+    response = alice_api.get(f"/api/v1/jobs/?cluster={quote(value)}")
+
+    assert response.status_code == 400, response.content[:200]
+    assert "cluster" in response.json()["error"]["fields"]
