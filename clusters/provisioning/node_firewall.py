@@ -55,7 +55,9 @@ def ruleset(install_id: str, uid: int, ports: Iterable[int]) -> str:
         f"add set {table} volt_ports {{ typeof tcp dport; }}",
         f"add chain {table} output {{ type filter hook output priority 0; policy accept; }}",
         f"flush chain {table} output",
-        f"add rule {table} output meta skuid @cluster_uids fib daddr type local tcp dport @volt_ports "
+        # Cheapest test first: the uid, then the port; the route lookup (fib) only for packets to Volt's
+        # ports, never for the cluster's own traffic (every packet of its probe and collectives).
+        f"add rule {table} output meta skuid @cluster_uids tcp dport @volt_ports fib daddr type local "
         "counter reject with tcp reset",
         f"add element {table} cluster_uids {{ {int(uid)} }}",
         f"flush set {table} volt_ports",
