@@ -225,9 +225,8 @@ def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str
     if local and run_as is None and not cluster.events.filter(message=tenancy.NOT_ISOLATED).exists():
         note(cluster, tenancy.NOT_ISOLATED)
     if run_as is not None:
-        local_drivers = [d for n, d in zip(nodes, drivers, strict=True) if n.host.driver == DriverKind.LOCAL]
         try:
-            closed = tenancy.close_volt_ports(cluster, local_drivers)
+            closed = tenancy.close_volt_ports(cluster)
         except DriverError as exc:
             raise HostsFailed(
                 [n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)
@@ -590,7 +589,9 @@ def _probe_summary(cluster: Cluster, result: dict) -> str:
     measured = result.get("max_busbw_gbps") or 0.0
     predicted = cluster.predicted_busbw_gbps
     ratio = (
-        f" ({measured / predicted:.1%} of the predicted {format_gbps(predicted, 1)} GB/s)" if predicted else ""
+        f" ({measured / predicted:.1%} of the predicted {format_gbps(predicted, 1)} GB/s)"
+        if predicted
+        else ""
     )
     if not result.get("links_emulated", True):
         ratio = " (local hosts, links not emulated: plain loopback, not compared with the prediction)"

@@ -141,19 +141,20 @@ def volt_socket_dirs() -> list[str]:
     return folders
 
 
-def close_volt_ports(cluster: Cluster, drivers: list[HostDriver]) -> bool:
+def close_volt_ports(cluster: Cluster) -> bool:
     """Refuse the cluster's user every connection to Volt's service ports on this machine; True when the
     rule is in place, False when it cannot be (no `nft`; the caller says so on the timeline: NOT_FIREWALLED).
-    Local hosts share this machine: one rule serves every node. Raises DriverError."""
-    if not cluster.node_user or not drivers:
+    Local hosts share this machine: one rule, written on the machine itself (not through a host's driver: a
+    host faulted `unreachable` must fail as that host, later, with its name). Raises DriverError."""
+    if not cluster.node_user:
         return False
-    driver = drivers[0]
-    uid = node_users.uid_of(driver, cluster.node_user)
-    if uid is None:
-        raise node_users.UserSetupFailed(
-            f"the cluster's user {cluster.node_user} is missing on {driver.address}"
-        )
-    return node_firewall.admit(driver, namespace.current_id(), uid, volt_service_ports())
+    with inventory.local_machine_driver() as driver:
+        uid = node_users.uid_of(driver, cluster.node_user)
+        if uid is None:
+            raise node_users.UserSetupFailed(
+                f"the cluster's user {cluster.node_user} is missing on this machine"
+            )
+        return node_firewall.admit(driver, namespace.current_id(), uid, volt_service_ports())
 
 
 def remove_node_user(cluster: Cluster) -> list[str]:
