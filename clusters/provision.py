@@ -249,14 +249,13 @@ def _start(
         "temp_dir": tenancy.node_temp_dir(cluster, node),
         "python": python_for(node.host),
         "env": {
-            **_node_env(node.host, own_hostname=bool(local and run_as)),
+            **_node_env(node.host),
             **_join_patience(head_address),
             **_health_checks(head_address),
         },
         "auth_token": ray_auth_token(cluster),
         "run_as": run_as if local else None,
         "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
-        "hostname": node.host.address if local and run_as else None,
     }
     try:
         if head_address is None:
@@ -305,13 +304,9 @@ def python_for(host: Host) -> str:
     )
 
 
-def _node_env(host: Host, own_hostname: bool = False) -> dict[str, str]:
-    """gloo takes its address from the host name. A local host's node with a host name of its own (its
-    address: as root, ray_nodes' `hostname`) binds there, as a real host does; otherwise it is kept on
-    loopback (DESIGN.md), where the emulated fabric cannot shape it (127.0.0.1 is never shaped)."""
-    if host.driver != DriverKind.LOCAL or own_hostname:
-        return {}
-    return {"GLOO_SOCKET_IFNAME": "lo"}
+def _node_env(host: Host) -> dict[str, str]:
+    # gloo takes its address from the hostname; on local hosts keep it on loopback (DESIGN.md).
+    return {"GLOO_SOCKET_IFNAME": "lo"} if host.driver == DriverKind.LOCAL else {}
 
 
 def _join_patience(head_address: str | None) -> dict[str, str]:

@@ -475,9 +475,7 @@ def runtime_env(job: Job) -> dict:
     }
     if job.resume_from:
         env["VOLT_RESUME_FROM"] = job.resume_from
-    if _local(job.cluster) and not job.cluster.node_user:
-        # Without a user of its own (Volt not root) a local node has no host name of its own either (see
-        # provision._node_env): keep gloo on loopback. With one, gloo binds to the host's address.
+    if _local(job.cluster):
         env["GLOO_SOCKET_IFNAME"] = "lo"
     return {"working_dir": job.working_dir, "excludes": ["__pycache__"], "env_vars": env}
 

@@ -231,7 +231,9 @@ def interface_of(ip: str) -> str | None:
                     return name
     except (ImportError, OSError):
         return None
-    return None  # 127.0.0.N of a local host: no interface holds it; gloo takes it from the host name
+    if ip.startswith("127."):
+        return "lo"
+    return None
 
 
 def pin_gloo_interface(node_ip: str) -> None:
