@@ -100,24 +100,8 @@ class LocalDriver(HostDriver):
         if throttle.exists():
             procs = _cpu_cgroup(self.sandbox, _throttle_percent(throttle.read_text()))
             command = f"echo $$ > {shlex.quote(str(procs))} && {command}"
-        limit = timeout or self.default_timeout
-        proc = subprocess.Popen(
-            ["bash", "-c", command],
-            cwd=self.sandbox / "home",
-            env=self.environment(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise CommandTimeout(
-                f"{command!r} on {self.address} ran past {limit:g} s and was stopped."
-            ) from None
-        return CommandResult(proc.returncode, stdout, stderr)
+        return _run_bash(command, self.sandbox / "home", self.environment(), timeout or self.default_timeout,
+                         self.address)  # fmt: skip
 
     def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:
         self._check_up()
@@ -151,30 +135,28 @@ class ThisMachine(HostDriver):
         self.default_timeout = default_timeout
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
-        limit = timeout or self.default_timeout
-        proc = subprocess.Popen(
-            ["bash", "-c", command],
-            cwd="/",
-            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise CommandTimeout(
-                f"{command!r} on this machine ran past {limit:g} s and was stopped."
-            ) from None
-        return CommandResult(proc.returncode, stdout, stderr)
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        return _run_bash(command, Path("/"), env, timeout or self.default_timeout, self.address)
 
     def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:
         shutil.copyfile(local_path, remote_path)
 
     def check_reachable(self, timeout: float | None = None) -> None:
         return None
+
+
+def _run_bash(command: str, cwd: Path, env: dict[str, str], limit: float, where: str) -> CommandResult:
+    """`bash -c command` in its own session; past `limit` seconds its whole group is killed (CommandTimeout)."""
+    proc = subprocess.Popen(
+        ["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise CommandTimeout(f"{command!r} on {where} ran past {limit:g} s and was stopped.") from None
+    return CommandResult(proc.returncode, stdout, stderr)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
