@@ -18,13 +18,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from clusters import placement, transitions
+from clusters import placement, planning, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Allocation, Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
 from inventory import services as inventory
 from inventory.choices import HostState
 from inventory.models import GPU, Host
+from voltweb.taskutils import enqueue, enqueue_on_commit
 
 S = ClusterStatus
 
@@ -39,7 +40,6 @@ def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
     Raises CapacityChanged (and changes nothing) if another request took any of the plan's GPUs, or
     another team's cluster took a place on one of its hosts.
     """
-    from clusters import services
 
     host_ids = sorted({int(h) for h in plan.host_ids})
     try:
@@ -54,7 +54,7 @@ def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
                 S.PROVISIONING,
                 _placed_message(plan),
                 extra={
-                    "plan": services.plan_as_json(plan),
+                    "plan": planning.plan_as_json(plan),
                     "gpu_model": plan.model,
                     "placed_at": timezone.now(),
                     "predicted_busbw_gbps": plan.predicted_busbw_gbps,
@@ -103,7 +103,11 @@ def create_allocations(cluster: Cluster, plan: placement.Plan, ranks=None, head:
 
 
 def _placed_message(plan: placement.Plan) -> str:
-    figures = f"predicted busbw {format_gbps(plan.predicted_busbw_gbps)} GB/s, " if plan.predicted_busbw_gbps else ""
+    figures = (
+        f"predicted busbw {format_gbps(plan.predicted_busbw_gbps)} GB/s, "
+        if plan.predicted_busbw_gbps
+        else ""
+    )
     return (
         f"placed {len(plan.nodes)} x {len(plan.nodes[0].gpu_indices)} {plan.model} within one "
         f"{plan.spanned_level}: {figures}${plan.price_per_hour:.2f}/hour"
@@ -112,17 +116,16 @@ def _placed_message(plan: placement.Plan) -> str:
 
 def release(cluster: Cluster) -> int:
     """Free every GPU the cluster holds, exactly once; returns how many were freed by this call."""
-    from clusters import services
 
     with transaction.atomic():
         active = Allocation.objects.select_for_update().filter(cluster=cluster, active=True)
         host_ids = sorted(set(active.values_list("gpu__host_id", flat=True)))
         list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk"))
         freed = active.update(active=False, released_at=timezone.now())
-        cluster.nodes.filter(released_at__isnull=True).update(released_at=timezone.now())
+        cluster.nodes.active().update(released_at=timezone.now())
         if freed:
             inventory.refresh_free_capacity(host_ids)
-            transaction.on_commit(services.kick_queue)
+            kick_queue()
     return freed
 
 
@@ -138,14 +141,10 @@ def release_nodes(cluster: Cluster, node_ids) -> int:
         list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk"))
         now = timezone.now()
         freed = active.update(active=False, released_at=now)
-        ClusterNode.objects.filter(cluster=cluster, pk__in=node_ids, released_at__isnull=True).update(
-            released_at=now
-        )
+        ClusterNode.objects.active().filter(cluster=cluster, pk__in=node_ids).update(released_at=now)
         if freed:
             inventory.refresh_free_capacity(host_ids)
-            from clusters import services
-
-            transaction.on_commit(services.kick_queue)
+            kick_queue()
     return freed
 
 
@@ -173,7 +172,15 @@ def lock_hosts_for_team(team_id: int, host_ids) -> dict[int, Host]:
 
 
 def _queue_provisioning(cluster_id: int) -> None:
-    from clusters.tasks import provision_cluster_task
-
     if settings.VOLT_AUTO_PROVISION:
-        transaction.on_commit(lambda: provision_cluster_task.delay(cluster_id))
+        enqueue_on_commit("clusters.tasks.provision_cluster_task", cluster_id)
+
+
+def kick_queue() -> None:
+    """Once the surrounding transaction commits, ask a worker to drain the queue (capacity changed)."""
+
+    def kick() -> None:
+        if Cluster.objects.filter(status=S.QUEUED).exists():
+            enqueue("clusters.tasks.drain_queue_task")
+
+    transaction.on_commit(kick)

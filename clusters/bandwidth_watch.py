@@ -19,31 +19,32 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from clusters import metrics, provision, ray_head
+from clusters import metrics, provision, ray_head, transitions
 from clusters.choices import WATCHED, ClusterStatus, MetricSource
-from clusters.models import Cluster, ClusterEvent
+from clusters.models import Cluster
 from clusters.placement.bandwidth import format_gbps
 from clusters.probes import allreduce
 from voltweb import realtime
-from voltweb.taskutils import enqueue_on_commit
+from voltweb.domain import DomainError
+from voltweb.taskutils import enqueue, enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 BUSY_JOB_STATES = {"PENDING", "RUNNING"}
 
 
-class NotProbeable(Exception):
+class NotProbeable(DomainError):
     """The cluster is not in a state where a probe can run (only READY and DEGRADED clusters)."""
+
+    code = "not_ready"
 
 
 def request_probe(cluster: Cluster, user=None) -> Cluster:
     """Queue a probe of `cluster` (answers at once; the result arrives as a bandwidth event)."""
-    from clusters.tasks import probe_cluster_task
-
     if cluster.status not in WATCHED:
         raise NotProbeable(f"Cluster {cluster.name} is {cluster.status}; only a ready cluster can be probed.")
     who = f" by {user.get_username()}" if user is not None else ""
-    _timeline(cluster, f"bandwidth probe requested{who}")
-    enqueue_on_commit(probe_cluster_task, cluster.pk)
+    transitions.note(cluster, f"bandwidth probe requested{who}")
+    enqueue_on_commit("clusters.tasks.probe_cluster_task", cluster.pk)
     return cluster
 
 
@@ -62,8 +63,6 @@ def interval_min(cluster: Cluster) -> int:
 
 def probe_idle_clusters(now=None) -> int:
     """Queue a probe for each READY cluster due one whose head runs no job. Returns how many."""
-    from clusters.tasks import probe_cluster_task
-
     now = now or timezone.now()
     queued = 0
     for cluster in Cluster.objects.filter(status=ClusterStatus.READY):
@@ -71,7 +70,7 @@ def probe_idle_clusters(now=None) -> int:
         last = cluster.last_probe_at or cluster.ready_at
         if every <= 0 or (last and now - last < timedelta(minutes=every)) or job_running(cluster):
             continue
-        probe_cluster_task.delay(cluster.pk)
+        enqueue("clusters.tasks.probe_cluster_task", cluster.pk)
         queued += 1
     return queued
 
@@ -157,18 +156,8 @@ def _finish(cluster: Cluster, result, message: str, alert: str = "", measured: f
         fields["probe_result"] = result
         fields["bandwidth_flagged"] = bool(alert) and bool((result or {}).get("links_emulated", True))
     Cluster.objects.filter(pk=cluster.pk).update(**fields)
-    _timeline(cluster, message)
+    transitions.note(cluster, message)
     realtime.broadcast(
         f"cluster-{cluster.pk}",
         {"kind": "probe", "state": "done" if result else "failed", "message": message, "alert": alert},
-    )
-
-
-def _timeline(cluster: Cluster, message: str) -> None:
-    event = ClusterEvent.objects.create(
-        cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message
-    )
-    realtime.broadcast(
-        f"cluster-{cluster.pk}",
-        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
     )

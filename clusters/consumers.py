@@ -11,6 +11,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from clusters import live, services
+from clusters.live_views import overview_snapshot
 from voltweb import realtime
 from voltweb import services as accounts
 from voltweb.consumers import NOT_FOUND_CLOSE_CODE, scope_identity
@@ -151,7 +152,5 @@ class OverviewConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def _view(self):
-        from clusters.live_views import overview_snapshot
-
         user = accounts.socket_user(self.user.pk, self.token_id)
         return overview_snapshot(user) if user is not None else None

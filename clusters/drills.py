@@ -29,16 +29,17 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from clusters import transitions
 from clusters.choices import TERMINAL, ClusterStatus
-from clusters.models import Cluster, ClusterEvent, ClusterNode
+from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import ray_cluster_id
+from inventory import drill_effects
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
 from inventory.models import HostDrill
-from voltweb import realtime
 from voltweb import services as accounts
 
 S = ClusterStatus
@@ -111,12 +112,13 @@ def run_drill(
             f"The cluster is {status}: drills run on a ready, degraded or recovering cluster.", field="drill"
         )
     node = (
-        ClusterNode.objects.filter(cluster=cluster, rank=rank, released_at__isnull=True)
+        ClusterNode.objects.active()
+        .filter(cluster=cluster, rank=rank)
         .select_related("host__provider", "host__fabric")
         .first()
     )
     if node is None:
-        ranks = sorted(cluster.nodes.filter(released_at__isnull=True).values_list("rank", flat=True))
+        ranks = sorted(cluster.nodes.active().values_list("rank", flat=True))
         raise DrillRefused(f"The cluster has no node of rank {rank}: its ranks are {ranks}.", field="rank")
     if drill == KILL:
         if clear:
@@ -133,13 +135,7 @@ def run_drill(
         _ended_meanwhile(cluster, status, row)
     verb = "cleared" if clear else "ran"
     message = f"fault drill {verb} by {user.get_username()}: {drill} on {node.host.name} (rank {node.rank}): {detail}"
-    event = ClusterEvent.objects.create(
-        cluster=cluster, from_status=status, to_status=status, message=message, actor=user
-    )
-    realtime.broadcast(
-        f"cluster-{cluster.pk}",
-        {"kind": "timeline", "at": event.at.isoformat(), "status": status, "message": message},
-    )
+    transitions.note(cluster, message, actor=user, status=status)
     return DrillResult(drill, node.host.name, node.rank, detail)
 
 
@@ -150,7 +146,7 @@ def _status(cluster: Cluster) -> str:
 def _ended_meanwhile(cluster: Cluster, status: str, row) -> None:
     """The cluster began to end while the drill ran: its end may have undone the drills before this one
     touched the host, so this one is undone here, and refused."""
-    inventory.take_back_drill(row, f"cluster {cluster.name} (#{cluster.pk}) {status}")
+    drill_effects.take_back_drill(row, f"cluster {cluster.name} (#{cluster.pk}) {status}")
     if status in TERMINAL:
         end_drills(cluster)
     raise DrillRefused(
@@ -162,7 +158,7 @@ def _ended_meanwhile(cluster: Cluster, status: str, row) -> None:
 
 def _record(cluster: Cluster, node: ClusterNode, user, drill: str, fault: str = "", value: str = ""):
     """The drill's row, written before it touches the host: what it leaves is undone when the cluster ends."""
-    return inventory.record_drill(
+    return drill_effects.record_drill(
         node.host,
         cluster_pk=cluster.pk,
         cluster_name=cluster.name,
@@ -248,10 +244,10 @@ def end_drills(cluster: Cluster) -> None:
     """The cluster ended (terminated, failed): nothing its drills did stays on its hosts (faults taken back,
     cordons after them lifted; inventory/drill_effects.py). Idempotent; every final path calls it."""
     cluster.refresh_from_db(fields=["status"])
-    inventory.end_drills(cluster.pk, f"cluster {cluster.name} (#{cluster.pk}) {cluster.status}")
+    drill_effects.end_drills(cluster.pk, f"cluster {cluster.name} (#{cluster.pk}) {cluster.status}")
 
 
 def clear_drill_faults(cluster: Cluster) -> None:
     """Before a final teardown: the faults the cluster's drills injected are taken back, so every one of its
     hosts answers again (an `unreachable` one refused the teardown's commands)."""
-    inventory.clear_drill_faults(cluster.pk, f"cluster {cluster.name} (#{cluster.pk}) ending")
+    drill_effects.clear_drill_faults(cluster.pk, f"cluster {cluster.name} (#{cluster.pk}) ending")

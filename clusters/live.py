@@ -8,10 +8,11 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from clusters import metrics
+from clusters import metrics, recovery
 from clusters.choices import LIVE, MetricSeries
 from clusters.models import Cluster, MetricMinute, MetricSample, NodeHealth
 from clusters.provision import active_nodes
+from clusters.watch import node_health_payload
 
 BANDWIDTH_WINDOW = timedelta(days=1)
 GPU_WINDOW = timedelta(minutes=15)
@@ -20,8 +21,6 @@ TIMELINE_LINES = 100
 
 def snapshot(cluster: Cluster) -> dict:
     """Everything the live parts of the cluster page show, as JSON-ready values."""
-    from clusters.watch import node_health_payload
-
     live = cluster.status in LIVE
     # A finished cluster shows what was recorded while it lived: its nodes (released since) and the
     # series' windows ending at its last sample, not at now (which holds nothing).
@@ -67,7 +66,5 @@ def _last_sample_at(cluster: Cluster):
 
 
 def _latest_recovery(cluster: Cluster) -> dict | None:
-    from clusters import recovery
-
     latest = recovery.recoveries(cluster).first()
     return recovery.as_json(latest) if latest else None

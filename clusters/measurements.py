@@ -28,18 +28,19 @@ from django.db.models import Q, QuerySet
 from clusters import placement
 from clusters.choices import BandwidthSource
 from clusters.models import BandwidthSample
-from clusters.services import snapshots_of
+from clusters.planning import snapshots_of
 from inventory import services as inventory
 from inventory.choices import DriverKind, HostState, ProviderStatus
 from inventory.discovery.nccl_tests import AllReduceRun, parse_all_reduce
 from inventory.discovery.types import ParseError
 from inventory.models import Host
 from voltweb import services as accounts
+from voltweb.domain import DomainError
 
 MAX_HOSTS = 512
 
 
-class MeasurementRefused(Exception):
+class MeasurementRefused(DomainError):
     """An upload Volt will not keep; `code` names the rule, `status` the HTTP answer."""
 
     def __init__(self, message: str, code: str, status: int = 400):

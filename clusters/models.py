@@ -112,6 +112,12 @@ class Cluster(models.Model):
         return f"{self.spec.get('nodes')} × {self.spec.get('gpus_per_node')} {models_text}"
 
 
+class ClusterNodeQuerySet(models.QuerySet):
+    def active(self) -> ClusterNodeQuerySet:
+        """Nodes still part of their cluster: not released (a replaced node, or the cluster ended)."""
+        return self.filter(released_at__isnull=True)
+
+
 class ClusterNode(models.Model):
     """One node of a placed cluster: a host, its rank, and (pipeline parallel) its stage."""
 
@@ -128,6 +134,8 @@ class ClusterNode(models.Model):
     slot = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Ray port block (ray_nodes.ports_for)."
     )
+
+    objects = ClusterNodeQuerySet.as_manager()
 
     class Meta:
         ordering = ["cluster_id", "rank"]

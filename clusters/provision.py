@@ -29,9 +29,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import allocations, drills, metrics, placement, tenancy, transitions
+from clusters import allocations, drills, metrics, placement, planning, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
-from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
+from clusters.models import Allocation, Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
 from clusters.probes import allreduce, launch
 from clusters.provisioning import ray_nodes
@@ -46,7 +46,7 @@ from inventory import services as inventory
 from inventory.choices import DriverKind, HostState
 from inventory.drivers.base import DriverError, fan_out
 from inventory.models import Host
-from voltweb import namespace, realtime
+from voltweb import namespace
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
             bring_up(cluster)
             return Cluster.objects.get(pk=cluster.pk)
         except HostsFailed as failure:
-            note(cluster, f"attempt {attempt}/{attempts}: {failure}")
+            transitions.note(cluster, f"attempt {attempt}/{attempts}: {failure}", heartbeat=True)
             if attempt == attempts:
                 return fail(
                     cluster, FailureReason.HOST_FAILED, f"gave up after {attempts} attempts: {failure}"
@@ -160,25 +160,11 @@ def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
     return Cluster.objects.get(pk=cluster.pk)
 
 
-def note(cluster: Cluster, message: str) -> None:
-    """A timeline line that is not a status change."""
-    event = ClusterEvent.objects.create(
-        cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message
-    )
-    Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())  # heartbeat for the reaper
-    realtime.broadcast(  # provisioning progress on the cluster page as it happens
-        f"cluster-{cluster.pk}",
-        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
-    )
-
-
 # --- bringing the nodes up ---------------------------------------------------------------------------
 
 
 def active_nodes(cluster: Cluster) -> list[ClusterNode]:
-    return list(
-        cluster.nodes.filter(released_at__isnull=True).select_related("host__provider").order_by("rank")
-    )
+    return list(cluster.nodes.active().select_related("host__provider").order_by("rank"))
 
 
 def bring_up(cluster: Cluster) -> None:
@@ -193,7 +179,9 @@ def bring_up(cluster: Cluster) -> None:
         _still_wanted(cluster)
         head_index = next(i for i, node in enumerate(nodes) if node.is_head)
         head = _start(cluster, nodes[head_index], drivers[head_index], None, run_as)
-        note(cluster, f"Ray head up on {nodes[head_index].host.name} ({head.gcs_address})")
+        transitions.note(
+            cluster, f"Ray head up on {nodes[head_index].host.name} ({head.gcs_address})", heartbeat=True
+        )
         _still_wanted(cluster)
         others = [i for i in range(len(nodes)) if i != head_index]
         started = fan_out(
@@ -223,7 +211,7 @@ def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str
         raise HostsFailed([n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)) from exc
     local = any(n.host.driver == DriverKind.LOCAL for n in nodes)
     if local and run_as is None and not cluster.events.filter(message=tenancy.NOT_ISOLATED).exists():
-        note(cluster, tenancy.NOT_ISOLATED)
+        transitions.note(cluster, tenancy.NOT_ISOLATED, heartbeat=True)
     if run_as is not None:
         try:
             closed = tenancy.close_volt_ports(cluster)
@@ -232,7 +220,7 @@ def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str
                 [n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)
             ) from exc
         if not closed and not cluster.events.filter(message=tenancy.NOT_FIREWALLED).exists():
-            note(cluster, tenancy.NOT_FIREWALLED)
+            transitions.note(cluster, tenancy.NOT_FIREWALLED, heartbeat=True)
     return run_as
 
 
@@ -536,7 +524,7 @@ def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
         return _ready(cluster, result, message + " (not replaced while recovering)")
     if cluster.slow_hosts_replaced >= settings.VOLT_SLOW_HOST_REPLACEMENTS:
         return _ready(cluster, result, message + " (not replaced: VOLT_SLOW_HOST_REPLACEMENTS reached)")
-    note(cluster, message)
+    transitions.note(cluster, message, heartbeat=True)
     try:
         replace_hosts(cluster, [node.host_id], f"the slowest host in the all-reduce probe ({slow['what']} "
                       f"{slow['ratio']:.0%} of the other hosts')", keep_without_replacement=True)  # fmt: skip
@@ -621,7 +609,6 @@ def _record_sample(cluster: Cluster, busbw: float, result: dict) -> None:
 
     Local hosts: over emulated links the sample is in the emulation's units (as their predictions);
     on plain loopback it is kept but never steers placement."""
-    from clusters.services import record_bandwidth_sample
 
     plan = cluster.plan or {}
     level, domain = plan.get("spanned_level"), plan.get("spanned_domain") or []
@@ -629,7 +616,7 @@ def _record_sample(cluster: Cluster, busbw: float, result: dict) -> None:
     local = cluster.nodes.filter(host__driver=DriverKind.LOCAL).exists()
     emulated = bool(result.get("links_emulated", True))
     if index is not None and len(domain) > index:
-        record_bandwidth_sample(
+        planning.record_bandwidth_sample(
             level,
             domain[index],
             busbw,
@@ -753,10 +740,9 @@ def _cordon_suspects(
 
 
 def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> tuple[placement.Plan, str]:
-    from clusters.services import candidate_snapshots, to_request
 
     survivors = [n for n in active_nodes(cluster) if n not in failed]
-    request = to_request(cluster.spec)
+    request = planning.to_request(cluster.spec)
     request = placement.PlacementRequest(
         **{
             **request.__dict__,
@@ -767,7 +753,9 @@ def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> tuple[plac
         }
     )
     used = {str(n.host_id) for n in cluster.nodes.all()}
-    candidates = [s for s in candidate_snapshots(request, team_id=cluster.team_id) if s.host_id not in used]
+    candidates = [
+        s for s in planning.candidate_snapshots(request, team_id=cluster.team_id) if s.host_id not in used
+    ]
     plan, level = near_survivors(request, candidates, survivors)
     if plan is None:
         raise NoReplacement(f"no free host can replace {', '.join(n.host.name for n in failed)}")
@@ -785,7 +773,8 @@ def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Pla
         allocations.create_allocations(cluster, plan, ranks=ranks, head=head_lost)
         inventory.refresh_free_capacity(sorted({n.host_id for n in failed} | {int(h) for h in plan.host_ids}))
     new = list(
-        ClusterNode.objects.filter(cluster=cluster, released_at__isnull=True, rank__in=ranks)
+        ClusterNode.objects.active()
+        .filter(cluster=cluster, rank__in=ranks)
         .select_related("host")
         .order_by("rank")
     )
@@ -794,7 +783,7 @@ def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Pla
     names = ", ".join(h["name"] for h in hosts)
     why = _LEVEL_WHY[level]
     reason = f"replaced {', '.join(failed_names)} by {names}: {why}"
-    note(cluster, reason)
+    transitions.note(cluster, reason, heartbeat=True)
     refresh_plan(cluster, f"{', '.join(failed_names)} replaced by {names}")
     return Replacement(failed=failed_names, hosts=hosts, level=level, reason=reason)
 
@@ -803,22 +792,26 @@ def refresh_plan(cluster: Cluster, why: str) -> None:
     """After a change of the cluster's nodes: the plan, span, predicted busbw and reference all-reduce time
     of the nodes it now has (placement.plan_for_nodes), stored before any probe is judged against them.
     The earlier figures stay on the timeline, in the line this writes."""
-    from clusters.services import measured_bandwidth, plan_as_json, snapshots_by_id, to_request
 
     nodes = active_nodes(cluster)
     if not nodes:
         return
-    snapshots = snapshots_by_id([n.host_id for n in nodes])
+    snapshots = planning.snapshots_by_id([n.host_id for n in nodes])
     pairs = [(snapshots[str(n.host_id)], tuple(n.gpu_indices)) for n in nodes]
     head = next((n for n in nodes if n.is_head), nodes[0])
     price = sum(float(n.host.price_per_gpu_hour) * len(n.gpu_indices) for n in nodes)
     plan = placement.plan_for_nodes(
-        to_request(cluster.spec), pairs, str(head.host_id), price, measured_bandwidth(), f"after: {why}"
+        planning.to_request(cluster.spec),
+        pairs,
+        str(head.host_id),
+        price,
+        planning.measured_bandwidth(),
+        f"after: {why}",
     )
     before_level = (cluster.plan or {}).get("spanned_level") or "host"
     before_busbw = cluster.predicted_busbw_gbps
     Cluster.objects.filter(pk=cluster.pk).update(
-        plan=plan_as_json(plan),
+        plan=planning.plan_as_json(plan),
         predicted_busbw_gbps=plan.predicted_busbw_gbps,
         predicted_allreduce_s=plan.predicted_allreduce_s,
     )
@@ -828,7 +821,9 @@ def refresh_plan(cluster: Cluster, why: str) -> None:
         if plan.predicted_busbw_gbps or before_busbw
         else "one node: no inter-node figure"
     )
-    note(cluster, f"plan now: spans one {plan.spanned_level} (was {before_level}), {figures}")
+    transitions.note(
+        cluster, f"plan now: spans one {plan.spanned_level} (was {before_level}), {figures}", heartbeat=True
+    )
 
 
 _LEVEL_WHY = {

@@ -1,14 +1,17 @@
-"""Every HTTP call Volt's telemetry makes to a cluster's Ray head goes through `head_request`.
+"""Telemetry's side of a cluster's Ray head: the token Volt sends it (`token_for`) and the node list.
 
-Every call sends the cluster's Ray token (`token_for`): a head answers 401 without it.
-Pure of Django models: it takes the head's dashboard URL and the cluster's token (empty: none).
+The HTTP client itself is one module, clusters/provisioning/ray_http.py (`head_request`, `list_nodes`):
+provisioning, the watch, recovery and the idle-probe check all call the head through it.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Any
+
+from clusters import tenancy
+from clusters.provisioning.ray_http import HeadUnreachable, head_request, list_nodes
+
+__all__ = ["HeadUnreachable", "head_nodes", "head_request", "token_for"]
 
 
 def token_for(cluster) -> str:
@@ -17,35 +20,9 @@ def token_for(cluster) -> str:
 
     The one place telemetry looks the token up; every caller passes its result to head_request.
     """
-    from clusters import tenancy
-
     return tenancy.ray_auth_token(cluster)
-
-
-class HeadUnreachable(Exception):
-    """The head's dashboard did not answer, or answered with an error."""
-
-
-def head_request(dashboard_url: str, path: str, timeout_s: float, token: str = "") -> Any:
-    """GET `path` on the head's dashboard and return its JSON; raise HeadUnreachable on any failure."""
-    if not dashboard_url:
-        raise HeadUnreachable("the cluster has no Ray dashboard address")
-    request = urllib.request.Request(f"{dashboard_url.rstrip('/')}{path}")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.load(response)
-    except (OSError, ValueError) as exc:  # URLError, refused, timeout, bad JSON
-        raise HeadUnreachable(
-            f"Ray head at {dashboard_url} did not answer: {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 def head_nodes(dashboard_url: str, timeout_s: float, token: str = "") -> list[dict[str, Any]]:
     """The head's node list (state API records: node_ip, state ALIVE/DEAD, is_head_node, ...)."""
-    timeout_arg = max(1, int(timeout_s))
-    body = head_request(dashboard_url, f"/api/v0/nodes?limit=10000&timeout={timeout_arg}", timeout_s, token)
-    if not isinstance(body, dict) or not body.get("result", False):
-        raise HeadUnreachable(f"Ray head state API error: {str(body)[:200]}")
-    return body["data"]["result"]["result"]
+    return list_nodes(dashboard_url, timeout_s, token)

@@ -53,6 +53,7 @@ from clusters.choices import RecoveryStatus as R
 from clusters.models import Cluster, ClusterNode, NodeHealth, Recovery
 from voltweb import realtime
 from voltweb.statemachine import IllegalTransition
+from voltweb.taskutils import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 S = ClusterStatus
@@ -67,11 +68,6 @@ def register_hook(hook) -> None:
     """Add an object with stop(cluster, recovery) and resume(cluster, recovery) -> list[dict] (jobs app)."""
     if hook not in _hooks:
         _hooks.append(hook)
-
-
-def unregister_hook(hook) -> None:
-    if hook in _hooks:
-        _hooks.remove(hook)
 
 
 # --- starting ----------------------------------------------------------------------------------------
@@ -122,9 +118,7 @@ def start_from_health(cluster: Cluster) -> Recovery:
 
 
 def queue(cluster_id: int) -> None:
-    from clusters.tasks import recover_cluster_task
-
-    transaction.on_commit(lambda: recover_cluster_task.delay(cluster_id))
+    enqueue_on_commit("clusters.tasks.recover_cluster_task", cluster_id)
 
 
 def lock_key(cluster_id: int) -> str:
@@ -196,8 +190,11 @@ def _repair(cluster: Cluster, recovery: Recovery) -> Cluster:
         except provision.HostsFailed as failure:
             attempts = recovery.attempts + 1
             _set(recovery, attempts=attempts)
-            provision.note(cluster, f"recovery: replacement failed ({attempts}/"
-                           f"{settings.VOLT_RECOVERY_ATTEMPTS}): {failure}")  # fmt: skip
+            transitions.note(
+                cluster,
+                f"recovery: replacement failed ({attempts}/{settings.VOLT_RECOVERY_ATTEMPTS}): {failure}",
+                heartbeat=True,
+            )
             if attempts >= settings.VOLT_RECOVERY_ATTEMPTS:
                 return _fail(cluster, recovery, f"gave up after {attempts} failed replacements: {failure}")
             _add_failed(recovery, cluster, failure.host_ids, str(failure))
@@ -238,7 +235,9 @@ def _wait_failed_nodes_dead(cluster: Cluster) -> None:
         except ray_head.HeadUnreachable:
             pass
         time.sleep(0.5)
-    provision.note(cluster, f"recovery: the head still lists {sorted(alive - expected)} as ALIVE")
+    transitions.note(
+        cluster, f"recovery: the head still lists {sorted(alive - expected)} as ALIVE", heartbeat=True
+    )
 
 
 def _failed_nodes(cluster: Cluster, recovery: Recovery) -> list[ClusterNode]:
@@ -283,7 +282,7 @@ def _shrink(cluster: Cluster, recovery: Recovery, failed: list[ClusterNode], why
     allocations.release_nodes(cluster, [n.pk for n in failed])
     message = f"shrunk to {len(survivors)} node(s) (policy shrink): {why}"
     _set(recovery, replacement_reason=message, replacement_placed_at=timezone.now(), waiting_reason="")
-    provision.note(cluster, f"recovery: {message}")
+    transitions.note(cluster, f"recovery: {message}", heartbeat=True)
 
 
 def _wait(cluster: Cluster, recovery: Recovery, why: str) -> Cluster:
@@ -293,7 +292,9 @@ def _wait(cluster: Cluster, recovery: Recovery, why: str) -> Cluster:
     _phase(cluster, recovery, "waiting_for_capacity")
     Cluster.objects.filter(pk=cluster.pk).update(queue_reason=reason, updated_at=timezone.now())
     if first:
-        provision.note(cluster, f"recovery {reason}; retried when a host is added or GPUs are released")
+        transitions.note(
+            cluster, f"recovery {reason}; retried when a host is added or GPUs are released", heartbeat=True
+        )
     return Cluster.objects.get(pk=cluster.pk)
 
 
@@ -323,7 +324,7 @@ def _phase(cluster: Cluster, recovery: Recovery, phase: str) -> None:
         phases[-1]["ended"] = now
     phases.append({"phase": phase, "started": now, "ended": None})
     _set(recovery, phase=phase, phases=phases)
-    provision.note(cluster, f"recovery: {phase.replace('_', ' ')}")
+    transitions.note(cluster, f"recovery: {phase.replace('_', ' ')}", heartbeat=True)
     _announce(cluster, recovery)
 
 
@@ -412,7 +413,9 @@ def _resume_work(cluster: Cluster, recovery: Recovery) -> None:
             resumed += list(hook.resume(cluster, recovery) or [])
         except Exception:
             logger.exception("recovery hook %r failed to resume work on cluster %s", hook, cluster.pk)
-            provision.note(cluster, "recovery: resuming the cluster's jobs failed (see the jobs' pages)")
+            transitions.note(
+                cluster, "recovery: resuming the cluster's jobs failed (see the jobs' pages)", heartbeat=True
+            )
     if resumed:
         gpus = _gpus(cluster)
         for row in resumed:

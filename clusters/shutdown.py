@@ -18,9 +18,11 @@ from pathlib import Path
 
 from django.conf import settings
 
+from clusters import transitions
 from clusters.choices import HOLDS_GPUS, ClusterStatus
 from clusters.models import Cluster
 from clusters.provisioning.ray_nodes import NODE_MARKER_VAR
+from clusters.services import finish_termination, terminate_cluster
 from voltweb import namespace
 
 logger = logging.getLogger(__name__)
@@ -28,13 +30,10 @@ logger = logging.getLogger(__name__)
 
 def stop_all_clusters(reason: str) -> list[str]:
     """Terminate every cluster holding GPUs and wait for it (host work done here); returns their names."""
-    from clusters.provision import note
-    from clusters.services import finish_termination, terminate_cluster
-
     stopped = []
     for cluster in Cluster.objects.filter(status__in=HOLDS_GPUS).order_by("pk"):
         try:
-            note(cluster, reason)
+            transitions.note(cluster, reason, heartbeat=True)
             if cluster.status == ClusterStatus.TERMINATING:
                 finish_termination(cluster)
             else:

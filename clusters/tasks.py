@@ -1,16 +1,18 @@
 """Thin Celery tasks for clusters: load by id, call a service."""
 
-from clusters import services
-from voltweb.taskutils import volt_task
+from clusters import bandwidth_watch, metrics, provision, recovery, services, watch
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster
+from voltweb.taskutils import TRANSIENT, volt_task
 
 
-@volt_task("placement", soft_time_limit=50, time_limit=60)
+@volt_task("placement", soft_time_limit=50, time_limit=60, retry_on=TRANSIENT)
 def place_cluster_task(cluster_id: int) -> str:
     """Place a requested or queued cluster (idempotent)."""
     return services.place_cluster(cluster_id).status
 
 
-@volt_task("placement", soft_time_limit=110, time_limit=120)
+@volt_task("placement", soft_time_limit=110, time_limit=120, retry_on=TRANSIENT)
 def drain_queue_task() -> int:
     """Place queued clusters that now fit, in priority then FIFO order."""
     return services.drain_queue()
@@ -25,18 +27,14 @@ def reap_stuck_placing() -> int:
 @volt_task("provisioning", soft_time_limit=1500, time_limit=1560)
 def provision_cluster_task(cluster_id: int) -> str:
     """Bring a placed cluster up: Ray head and workers, all-reduce probe, READY (or a clean FAILED)."""
-    from clusters import provision
-
     return provision.provision_cluster(cluster_id).status
 
 
 @volt_task("provisioning", soft_time_limit=240, time_limit=300)
 def terminate_cluster_task(cluster_id: int) -> str:
     """Finish a termination whose worker died: stop processes, release GPUs."""
-    from clusters.models import Cluster
-
     cluster = Cluster.objects.get(pk=cluster_id)
-    if cluster.status != "terminating":
+    if cluster.status != ClusterStatus.TERMINATING:
         return cluster.status
     return services.finish_termination(cluster).status
 
@@ -61,27 +59,21 @@ def watch_clusters_task() -> int:
     """Fan out: one sweep task per live cluster, each expiring after one watch interval."""
     from django.conf import settings
 
-    from clusters import watch
-
     ids = watch.watched_cluster_ids()
     for cluster_id in ids:
         sweep_cluster_task.apply_async((cluster_id,), expires=settings.VOLT_WATCH_INTERVAL_S)
     return len(ids)
 
 
-@volt_task("monitoring", soft_time_limit=60, time_limit=90)
+@volt_task("monitoring", soft_time_limit=60, time_limit=90, retry_on=TRANSIENT)
 def sweep_cluster_task(cluster_id: int) -> str:
     """Check one cluster's head and hosts and give each node a verdict (skipped while one still runs)."""
-    from clusters import watch
-
     return watch.sweep_cluster(cluster_id)
 
 
 @volt_task("monitoring", soft_time_limit=240, time_limit=300)
 def compact_metrics_task() -> dict:
     """Fold raw samples into per-minute aggregates and apply both retentions."""
-    from clusters import metrics
-
     return metrics.compact()
 
 
@@ -89,8 +81,6 @@ def compact_metrics_task() -> dict:
 @volt_task("provisioning", soft_time_limit=900, time_limit=960)
 def probe_cluster_task(cluster_id: int) -> float | None:
     """Run the light all-reduce probe on a READY cluster; store the sample, raise or clear the alert."""
-    from clusters import bandwidth_watch
-
     result = bandwidth_watch.run_probe(cluster_id)
     return (result or {}).get("max_busbw_gbps")
 
@@ -98,8 +88,6 @@ def probe_cluster_task(cluster_id: int) -> float | None:
 @volt_task("monitoring", soft_time_limit=50, time_limit=60)
 def probe_idle_clusters_task() -> int:
     """Queue a probe for every READY cluster that is due one and runs no job."""
-    from clusters import bandwidth_watch
-
     return bandwidth_watch.probe_idle_clusters()
 
 
@@ -109,14 +97,10 @@ def probe_idle_clusters_task() -> int:
 @volt_task("provisioning", soft_time_limit=1500, time_limit=1560)
 def recover_cluster_task(cluster_id: int) -> str:
     """Replace a DEGRADED cluster's failed nodes, verify, READY (or wait for capacity, or a clean FAILED)."""
-    from clusters import recovery
-
     return recovery.recover_cluster(cluster_id)
 
 
 @volt_task("monitoring", soft_time_limit=50, time_limit=60)
 def retry_recoveries_task() -> int:
     """Retry recoveries waiting for capacity or stalled, and start one for a DEGRADED cluster without."""
-    from clusters import recovery
-
     return recovery.retry_recoveries()

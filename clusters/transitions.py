@@ -1,6 +1,10 @@
-"""The cluster lifecycle: one table of allowed moves (DESIGN.md "Cluster lifecycle") and transition()."""
+"""The cluster lifecycle: one table of allowed moves (DESIGN.md "Cluster lifecycle"), transition(), and
+the timeline's other lines: note() and requested(). These three are the only writers of ClusterEvent."""
 
 from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
 
 from clusters import hooks
 from clusters.choices import ClusterStatus
@@ -74,3 +78,34 @@ def transition(cluster: Cluster, to: str, reason: str = "", extra: dict | None =
     return statemachine.apply(
         cluster, to, CLUSTER_TRANSITIONS, field="status", extra=extra, record=record, after_commit=announce
     )
+
+
+def requested(cluster: Cluster) -> ClusterEvent:
+    """The timeline's first line: the cluster was requested (PENDING)."""
+    return ClusterEvent.objects.create(cluster=cluster, to_status=S.PENDING, message="requested")
+
+
+def note(
+    cluster: Cluster,
+    message: str,
+    *,
+    actor: AbstractBaseUser | None = None,
+    status: str | None = None,
+    heartbeat: bool = False,
+) -> ClusterEvent:
+    """A timeline line that is not a status change, shown on the cluster's page as it happens.
+
+    `status`: the cluster's status as the caller just read it (default: the row's in hand). `heartbeat`:
+    also mark the cluster as making progress (provisioning's steps: the reaper re-sends a cluster whose
+    `updated_at` stops moving)."""
+    status = cluster.status if status is None else status
+    event = ClusterEvent.objects.create(
+        cluster=cluster, from_status=status, to_status=status, message=message, actor=actor
+    )
+    if heartbeat:
+        Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())
+    realtime.broadcast(
+        f"cluster-{cluster.pk}",
+        {"kind": "timeline", "at": event.at.isoformat(), "status": status, "message": message},
+    )
+    return event

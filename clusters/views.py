@@ -8,8 +8,9 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters import drills, provision, recovery, services
+from clusters import drills, planning, provision, recovery, services
 from clusters.api.serializers import ClusterSpecSerializer
+from clusters.choices import ClusterStatus
 from clusters.forms import ClusterForm
 from clusters.probes import allreduce
 from inventory import services as inventory
@@ -59,13 +60,13 @@ def cluster_preview(request):
     """The live preview panel (htmx): the plan placement would make now, or why nothing fits."""
     form = ClusterForm(request.POST, teams=list(accounts.teams_of(request.user)))
     result, problems = None, []
-    if not services.may_request_clusters(request.user):
-        problems = [str(services.NoTeam())]
+    if not planning.may_request_clusters(request.user):
+        problems = [str(planning.NoTeam())]
     elif form.is_valid():
         serializer = _spec_serializer(request, form, needs_team=False)
         if not serializer.errors:
-            result = services.preview(serializer.spec(serializer.validated_data), request.user)
-            result = services.plan_as_json(result)
+            result = planning.preview(serializer.spec(serializer.validated_data), request.user)
+            result = planning.plan_as_json(result)
     if result is None and not problems:
         problems = [e for errors in form.errors.values() for e in errors]
     return render(
@@ -77,7 +78,7 @@ def cluster_preview(request):
 
 def _placed_nodes(cluster) -> list[dict]:
     """The cluster's nodes as they are now (a replaced host shows its replacement), as plan nodes."""
-    nodes = cluster.nodes.filter(released_at__isnull=True).select_related(
+    nodes = cluster.nodes.active().select_related(
         "host__provider", "host__site", "host__fabric", "host__block"
     )
     return [
@@ -221,7 +222,7 @@ def cluster_terminate(request, pk):
     cluster = get_object_or_404(services.visible_clusters(request.user), pk=pk)
     try:
         cluster = services.terminate_cluster(cluster, request.user)
-        if cluster.status == "terminating":
+        if cluster.status == ClusterStatus.TERMINATING:
             messages.success(
                 request, f"Terminating {cluster.name}: stopping its Ray processes, then freeing its GPUs."
             )

@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from clusters import health, metrics, ray_head, recovery, transitions
 from clusters.choices import WATCHED, ClusterStatus, MetricSeries, Verdict
-from clusters.models import Cluster, ClusterEvent, ClusterNode, MetricSample, NodeHealth
+from clusters.models import Cluster, ClusterNode, MetricSample, NodeHealth
 from clusters.provision import active_nodes, ray_cluster_id
 from clusters.provisioning import ray_nodes
 from inventory import services as inventory
@@ -183,7 +183,7 @@ def _store(cluster: Cluster, nodes: list[ClusterNode], judgements: dict) -> bool
         row.save()
         if previous != judgement.verdict:
             changed = True
-            _timeline(cluster, _verdict_message(node, previous, judgement))
+            transitions.note(cluster, _verdict_message(node, previous, judgement))
     return changed
 
 
@@ -192,16 +192,6 @@ def _verdict_message(node: ClusterNode, previous: str, judgement: health.Judgeme
     if judgement.verdict == Verdict.OK:
         return f"{node.host.name} ({role}) recovered: ok (was {previous})"
     return f"{node.host.name} ({role}) {judgement.verdict}: {judgement.rule}"
-
-
-def _timeline(cluster: Cluster, message: str) -> None:
-    event = ClusterEvent.objects.create(
-        cluster=cluster, from_status=cluster.status, to_status=cluster.status, message=message
-    )
-    realtime.broadcast(
-        f"cluster-{cluster.pk}",
-        {"kind": "timeline", "at": event.at.isoformat(), "status": cluster.status, "message": message},
-    )
 
 
 def _record_samples(cluster: Cluster, nodes: list[ClusterNode], judgements: dict) -> None:

@@ -21,15 +21,12 @@ not lower the host's reliability (inventory.services.record_health).
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
 from django.utils import timezone
 
+from inventory import drill_records, local_fabric, services
 from inventory.choices import HostEventKind, HostState
+from inventory.discovery.probe import DiscoveryFailed
 from inventory.models import Host, HostDrill, HostEvent
-
-# The states a drill can leave a host in: recovery cordons a failed node's host; a health sweep marks an
-# `unreachable` one offline.
-_LEFT_OUT = (HostState.CORDONED, HostState.OFFLINE)
 
 
 def record_drill(
@@ -45,9 +42,9 @@ def record_drill(
 ) -> HostDrill:
     """The row of a drill about to run on `host`. A fault the host already has (not a drill's) is real: the
     drill does not hold it, so its cluster's end leaves it there."""
-    from inventory.local_fabric import active_faults
-
-    held = bool(fault) and (fault not in active_faults(host) or _holding(host.pk, fault).exists())
+    held = bool(fault) and (
+        fault not in local_fabric.active_faults(host) or drill_records.holding(host.pk, fault).exists()
+    )
     return HostDrill.objects.create(
         host=host,
         cluster_pk=cluster_pk,
@@ -61,84 +58,22 @@ def record_drill(
     )
 
 
-def forget_drill(drill: HostDrill) -> None:
-    """A drill that did nothing to the host (refused, or no process to kill) leaves no row."""
-    HostDrill.objects.filter(pk=drill.pk).delete()
-
-
-def _holding(host_id: int, fault: str) -> QuerySet[HostDrill]:
-    return HostDrill.objects.filter(
-        host_id=host_id, fault=fault, fault_held=True, fault_cleared_at__isnull=True
-    )
-
-
-def fault_cleared(host: Host, fault: str) -> None:
-    """The fault file is gone (cleared by a drill, by hand, or at a cluster's end): no drill holds it now."""
-    _holding(host.pk, fault).update(fault_cleared_at=timezone.now())
-
-
-def fault_adopted(host: Host, fault: str) -> None:
-    """Someone injected by hand a fault a drill holds: it is theirs now, and stays when the cluster ends."""
-    _holding(host.pk, fault).update(fault_held=False)
-
-
-def drill_holds(host: Host, cluster_pk: int, fault: str) -> bool:
-    """Whether a drill of the cluster put `fault` on the host and it is still there (the drill may clear it)."""
-    return _holding(host.pk, fault).filter(cluster_pk=cluster_pk).exists()
-
-
-def drill_behind(host_id: int, cluster_pk: int) -> HostDrill | None:
-    """The latest drill of a live cluster on `host_id`: a failure of its node there is the drill's doing."""
-    return (
-        HostDrill.objects.filter(host_id=host_id, cluster_pk=cluster_pk, ended_at__isnull=True)
-        .select_related("actor")
-        .first()
-    )
-
-
-def held_drill_fault(host: Host) -> HostDrill | None:
-    """A drill's fault on the host now, while its cluster lives: the host fails its checks because of it."""
-    return (
-        HostDrill.objects.filter(
-            host_id=host.pk, fault_held=True, fault_cleared_at__isnull=True, ended_at__isnull=True
-        )
-        .select_related("actor")
-        .first()
-    )
-
-
-def drill_keeping_out(host: Host) -> HostDrill | None:
-    """The drill whose effect keeps the host out of service now (a cordon after it), while its cluster lives.
-
-    The host's latest state change says: a cordon (or offline) recorded with a drill. A later change by
-    anyone else (a manual cordon, an uncordon) is the latest instead, and the host is no drill's any more.
-    """
-    if host.state not in _LEFT_OUT:
-        return None
-    event = (
-        HostEvent.objects.filter(host_id=host.pk, kind=HostEventKind.STATE)
-        .select_related("drill__actor", "drill__team")
-        .order_by("-at", "-id")
-        .first()
-    )
-    drill = event.drill if event is not None else None
-    return drill if drill is not None and drill.ended_at is None else None
-
-
 def clear_drill_faults(cluster_pk: int, why: str) -> int:
     """Take back the fault files the cluster's drills hold. Returns how many files were removed."""
-    from inventory.local_fabric import clear_host_fault
-
     removed = 0
     rows = HostDrill.objects.filter(
         cluster_pk=cluster_pk, fault_held=True, fault_cleared_at__isnull=True
     ).select_related("host__provider")
     for row in rows:
-        shared = _holding(row.host_id, row.fault).exclude(cluster_pk=cluster_pk).filter(ended_at__isnull=True)
+        shared = (
+            drill_records.holding(row.host_id, row.fault)
+            .exclude(cluster_pk=cluster_pk)
+            .filter(ended_at__isnull=True)
+        )
         if shared.exists():  # a live cluster's drill put it there too: its own end takes it back
             HostDrill.objects.filter(pk=row.pk).update(fault_cleared_at=timezone.now())
             continue
-        clear_host_fault(row.host, row.fault, reason=why)
+        local_fabric.clear_host_fault(row.host, row.fault, reason=why)
         removed += 1
     return removed
 
@@ -146,13 +81,11 @@ def clear_drill_faults(cluster_pk: int, why: str) -> int:
 def take_back_drill(drill: HostDrill, why: str) -> None:
     """Remove the fault file `drill` put there (a drill that raced its cluster's end: the end may have run
     before the file was written), unless a drill of another live cluster holds it too."""
-    from inventory.local_fabric import clear_host_fault
-
     if not drill.fault_held:
         return
-    shared = _holding(drill.host_id, drill.fault).exclude(cluster_pk=drill.cluster_pk)
+    shared = drill_records.holding(drill.host_id, drill.fault).exclude(cluster_pk=drill.cluster_pk)
     if not shared.filter(ended_at__isnull=True).exists():
-        clear_host_fault(
+        local_fabric.clear_host_fault(
             Host.objects.select_related("provider").get(pk=drill.host_id), drill.fault, reason=why
         )
 
@@ -168,10 +101,7 @@ def end_drills(cluster_pk: int, why: str) -> None:
 
 def _restore(host: Host, cluster_pk: int, why: str) -> None:
     """Back in service if the host is out because of this cluster's drill and passes a health check now."""
-    from inventory import services
-    from inventory.discovery.probe import DiscoveryFailed
-
-    drill = drill_keeping_out(host)
+    drill = drill_records.drill_keeping_out(host)
     if drill is None or drill.cluster_pk != cluster_pk:
         return
     result = services.probe_host(host)
@@ -186,19 +116,3 @@ def _restore(host: Host, cluster_pk: int, why: str) -> None:
     if host.state == HostState.CORDONED:
         services.act_on_host(host, "uncordon", reason=f"cordon after a fault drill lifted: {why}")
     services.record_health(Host.objects.select_related("provider").get(pk=host.pk), result)
-
-
-def hosts_kept_out_by(cluster_pk: int) -> list[tuple[Host, HostDrill]]:
-    """The hosts a live cluster's drills keep out of service now (cordoned or offline after them)."""
-    host_ids = HostDrill.objects.filter(cluster_pk=cluster_pk, ended_at__isnull=True).values("host_id")
-    kept = []
-    for host in Host.objects.filter(pk__in=host_ids, state__in=_LEFT_OUT).order_by("name"):
-        drill = drill_keeping_out(host)
-        if drill is not None and drill.cluster_pk == cluster_pk:
-            kept.append((host, drill))
-    return kept
-
-
-def open_drill_cluster_pks() -> set[int]:
-    """Clusters with drills not yet ended (the clusters app's reaper ends those of ended clusters)."""
-    return set(HostDrill.objects.filter(ended_at__isnull=True).values_list("cluster_pk", flat=True))

@@ -15,7 +15,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from inventory import drill_effects
+from inventory import drill_records
 from inventory import fabric_emulation as fe
 from inventory.choices import DriverKind, HostEventKind, HostState
 from inventory.drivers import faults as fault_table
@@ -55,13 +55,16 @@ def preload() -> Path | None:
         return None
 
 
+def sandbox_path(host: Host) -> Path:
+    """The folder that is a local host: its files, its simulated tools, its fault files."""
+    return Path(settings.VOLT_DATA_DIR) / "hosts" / f"{host.provider.slug}-{host.pk}"
+
+
 def _state_dir() -> Path:
     return Path(settings.VOLT_DATA_DIR)
 
 
 def _sandbox(host: Host) -> Path:
-    from inventory.services import sandbox_path
-
     return sandbox_path(host)
 
 
@@ -182,7 +185,7 @@ def inject_fault(host: Host, fault: str, value: str = "", actor=None, drill=None
             clear_fault(sandbox, fault)
             raise ValueError(f"{fault} cannot act: shaping the links failed ({exc})") from None
     if drill is None:
-        drill_effects.fault_adopted(host, fault)
+        drill_records.fault_adopted(host, fault)
     by = f" by a fault drill of cluster {drill.cluster_pk}" if drill is not None else ""
     _record(host, f"fault injected{by}: {fault}{f' ({value})' if value else ''}", actor, drill)
 
@@ -198,7 +201,7 @@ def clear_host_fault(host: Host, fault: str, actor=None, reason: str = "") -> No
     if fault == "link_flapping":
         fe.stop_flapping(sandbox / "faults" / "link_flapping")
     clear_fault(sandbox, fault)
-    drill_effects.fault_cleared(host, fault)
+    drill_records.fault_cleared(host, fault)
     _record(host, f"fault cleared: {fault}{f' ({reason})' if reason else ''}", actor)
     if fault in LINK_FAULTS:
         sync_after_commit()

@@ -12,7 +12,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -25,6 +24,7 @@ from django.utils.text import slugify
 from django.views.decorators.debug import sensitive_variables
 
 from inventory import onboarding, transitions, validation
+from inventory.capacity import bump_capacity_version, capacity_version  # noqa: F401 - the app's face
 from inventory.choices import (
     INTERCONNECT_FAMILIES,
     DriverKind,
@@ -37,18 +37,14 @@ from inventory.choices import (
 )
 from inventory.discovery.network import port_counts
 from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
-from inventory.drill_effects import (  # noqa: F401 - re-exported: what fault drills leave on hosts
-    clear_drill_faults,
+from inventory.drill_records import (  # noqa: F401 - the app's face for other apps: drills' rows
     drill_behind,
     drill_holds,
     drill_keeping_out,
-    end_drills,
     forget_drill,
     held_drill_fault,
     hosts_kept_out_by,
     open_drill_cluster_pks,
-    record_drill,
-    take_back_drill,
 )
 from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, ThisMachine, create_sandbox
@@ -60,6 +56,7 @@ from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated f
     fault_value,
     inject_fault,
     links_emulated,
+    sandbox_path,
     unavailable_reason,
 )
 from inventory.local_fabric import preload as _local_preload
@@ -80,6 +77,7 @@ from inventory.models import (
 from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
 from voltweb import crypto, realtime
 from voltweb.services import is_platform_admin, is_team_admin
+from voltweb.taskutils import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -258,10 +256,6 @@ class HostRequest:
     local_faults: dict | None = None
 
 
-def sandbox_path(host: Host) -> Path:
-    return Path(settings.VOLT_DATA_DIR) / "hosts" / f"{host.provider.slug}-{host.pk}"
-
-
 def driver_for(host: Host) -> HostDriver:
     """The driver that reaches `host`, configured from its record."""
     timeout = settings.VOLT_DRIVER_TIMEOUT_S
@@ -415,9 +409,7 @@ def next_local_address() -> str:
 
 
 def _queue_onboarding(host: Host) -> None:
-    from inventory.tasks import onboard_host_task
-
-    transaction.on_commit(lambda: onboard_host_task.delay(host.pk))
+    enqueue_on_commit("inventory.tasks.onboard_host_task", host.pk)
 
 
 def onboard_host(host_id: int) -> Host:
@@ -821,26 +813,7 @@ def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink:
     return spec
 
 
-CAPACITY_VERSION_KEY = "inventory:capacity-version"
 OFFERS_CACHE_S = 5
-
-
-def bump_capacity_version() -> None:
-    """Invalidate cached offers: now (this transaction's readers) and again after commit."""
-
-    def bump() -> None:
-        try:
-            cache.incr(CAPACITY_VERSION_KEY)
-        except ValueError:  # missing (or not a number): any new value invalidates
-            cache.set(CAPACITY_VERSION_KEY, time.time_ns(), None)
-
-    bump()
-    transaction.on_commit(bump)
-
-
-def capacity_version() -> int:
-    """A number that changes whenever free capacity or host availability changes (shared via the cache)."""
-    return cache.get_or_set(CAPACITY_VERSION_KEY, 1, None)
 
 
 def cached_offers(hosts: QuerySet[Host], user: AbstractBaseUser, query: str) -> list[dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from inventory.capacity import bump_capacity_version
 from inventory.choices import HostEventKind, HostState, ProviderStatus
 from inventory.models import Host, HostDrill, HostEvent, Provider
 from voltweb import realtime, statemachine
@@ -81,8 +82,6 @@ def transition_host(
     def announce() -> None:
         realtime.broadcast(f"host-{host.pk}", {"kind": "state", "state": host.state, "reason": reason})
         realtime.overview_changed("host")
-
-    from inventory.services import bump_capacity_version  # services import this module
 
     moved = statemachine.apply(host, to, HOST_TRANSITIONS, extra=extra, record=record, after_commit=announce)
     bump_capacity_version()  # a host entering or leaving AVAILABLE changes the offers

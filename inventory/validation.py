@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from inventory.choices import DriverKind, ProviderStatus
 from inventory.drivers.ssh import InvalidKey, parse_private_key, parse_public_key_line
 from inventory.models import Provider
+from voltweb.domain import DomainError
 from voltweb.services import is_platform_admin
 
 # RFC 1123 host name labels: letters, digits and inner hyphens; at most 63 characters each.
@@ -32,7 +33,7 @@ MAX_NICS = 16
 MAX_KEY_CHARS = 16_384
 
 
-class HostRefused(Exception):
+class HostRefused(DomainError):
     """The caller may not add (or re-onboard) this host now; `code` names the rule, `status` the answer."""
 
     def __init__(self, message: str, code: str, status: int):

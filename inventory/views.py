@@ -21,6 +21,7 @@ from inventory.filters import ConsoleHostFilter, ConsoleOfferFilter
 from inventory.forms import FabricForm, HostForm, ProviderForm
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import Provider
+from inventory.transitions import HOST_TRANSITIONS
 from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
 
@@ -117,8 +118,6 @@ def _host_context(request, pk):
 
 
 def _allowed(state: str, target: str) -> bool:
-    from inventory.transitions import HOST_TRANSITIONS
-
     return target in HOST_TRANSITIONS.get(state, {})
 
 

@@ -15,20 +15,11 @@ Web processes only touch the database and Volt's own disk (the working dir); wor
 from __future__ import annotations
 
 import base64
-import bz2
-import gzip
 import json
 import logging
-import lzma
-import os
 import re
 import shlex
-import shutil
-import tarfile
 import time
-import uuid
-import zipfile
-from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,15 +52,23 @@ from inventory.drivers.base import DriverError
 from jobs import logtext, transitions
 from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
 from jobs.models import Checkpoint, Job, JobEvent, JobLogChunk
-from voltweb import datadir, namespace, realtime
+from jobs.payloads import job_payload
+from jobs.workdirs import (
+    CKPT_MODULE,
+    WORKLOADS_DIR,
+    JobInputError,
+    prepare_working_dir,
+    prune_working_dir,
+)
+from voltweb import namespace, realtime
 from voltweb import services as accounts
+from voltweb.domain import DomainError
 from voltweb.statemachine import IllegalTransition
+from voltweb.taskutils import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
 S = JobStatus
 
-WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
-CKPT_MODULE = "volt_ckpt.py"
 MIB = 1024 * 1024
 MAX_ENV_VARS = 64
 MAX_ENTRYPOINT = 2000
@@ -87,15 +86,13 @@ RESERVED_NAMES = {"CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "LD_PRELOAD"}
 SUBMITTABLE = {ClusterStatus.READY}
 
 
-class JobInputError(ValueError):
-    """The request cannot be run as written: the message says what to change (API: 400)."""
-
-
-class ClusterNotReady(Exception):
+class ClusterNotReady(DomainError):
     """Jobs go to READY clusters only (API: 409)."""
 
+    code = "cluster_not_ready"
 
-class SubmitRefused(PermissionError):
+
+class SubmitRefused(DomainError, PermissionError):
     """The caller may not run code on this cluster; `code` names the rule, `status` the HTTP answer."""
 
     code = "team_members_only"
@@ -138,27 +135,6 @@ DEMO_ENTRYPOINT = demo_entrypoint()
 def visible_jobs(user: AbstractBaseUser) -> QuerySet[Job]:
     """Jobs on the clusters the caller sees (clusters.services.visible_clusters): another team's is a 404."""
     return Job.objects.filter(cluster__in=clusters.visible_clusters(user))
-
-
-def job_payload(job: Job) -> dict:
-    """A job as websocket events carry it (no query)."""
-    when = lambda value: value.isoformat() if value else None  # noqa: E731
-    return {
-        "id": job.pk,
-        "cluster": job.cluster_id,
-        "name": job.name,
-        "status": job.status,
-        "status_reason": job.status_reason,
-        "attempt": job.attempt,
-        "ray_submission_id": job.ray_submission_id,
-        "last_step": job.last_step,
-        "first_step_at": when(job.first_step_at),
-        "started_at": when(job.started_at),
-        "finished_at": when(job.finished_at),
-        "log_size": job.log_size,
-        "url": f"/clusters/{job.cluster_id}/jobs/{job.pk}/",
-        "resume_from": job.resume_from,
-    }
 
 
 def _announce(job: Job) -> None:
@@ -262,170 +238,7 @@ def submit_job(
 
 
 def _enqueue_start(job_id: int) -> None:
-    from jobs.tasks import start_job_task
-
-    transaction.on_commit(lambda: start_job_task.delay(job_id))
-
-
-def workdirs_root() -> Path:
-    """Volt's copies of the jobs' code (a team's, not for other clusters' users to read): 0700."""
-    return datadir.private_dir(Path(settings.VOLT_DATA_DIR) / "job-workdirs")
-
-
-def prepare_working_dir(job: Job, source: Path | None) -> Path:
-    """The folder Ray ships for `job`: a copy of `source` (or empty) with volt_ckpt.py beside the entrypoint."""
-    dest = workdirs_root() / str(job.pk)
-    if dest.exists():
-        shutil.rmtree(dest)
-    if source is not None:
-        shutil.copytree(source, dest, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    else:
-        dest.mkdir(parents=True)
-    module = WORKLOADS_DIR / CKPT_MODULE
-    if module.exists():
-        shutil.copy2(module, dest / CKPT_MODULE)
-    return dest
-
-
-def prune_working_dir(job_id: int) -> None:
-    """Remove a job's copy of its working dir once nothing can submit it again: the job succeeded or was
-    stopped, or its cluster ended (a failed job on a live cluster may still be resumed by recovery).
-    Ray keeps what it was given at submission; this copy only served resubmissions."""
-    shutil.rmtree(workdirs_root() / str(int(job_id)), ignore_errors=True)
-
-
-def unpack_upload(upload, *, max_bytes: int | None = None) -> Path:
-    """Unpack an uploaded .zip / .tar.gz / .tgz / .tar working dir into a new folder; JobInputError if it is
-    too large (compressed or unpacked), of another kind, damaged, or holds paths outside itself."""
-    limit = max_bytes or settings.VOLT_JOB_UPLOAD_MAX_MB * MIB
-    name = (getattr(upload, "name", "") or "").lower()
-    size = getattr(upload, "size", None) or 0
-    too_large = (
-        f"The working directory archive is larger than {limit // MIB} MiB (VOLT_JOB_UPLOAD_MAX_MB): leave data "
-        "sets and checkpoints out of it and read them from the cluster's shared storage."
-    )
-    if size > limit:
-        raise JobInputError(too_large)
-    dest = workdirs_root() / "uploads" / uuid.uuid4().hex
-    dest.mkdir(parents=True)
-    try:
-        if name.endswith(".zip"):
-            _unzip(upload, dest, limit, too_large)
-        elif name.endswith((".tar.gz", ".tgz", ".tar")):
-            _untar(upload, dest, limit, too_large)
-        else:
-            raise JobInputError("working_dir must be a .zip or .tar.gz archive of the job's folder.")
-    except JobInputError:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise JobInputError(f"working_dir could not be unpacked ({_unpack_problem(exc, dest)}).") from None
-    return dest
-
-
-def _unpack_problem(exc: BaseException, dest: Path) -> str:
-    """What went wrong unpacking into `dest`, naming paths inside the archive only: the server's folders
-    (VOLT_DATA_DIR, the staging folder) are nobody's business (OSErrors and tarfile's filter errors carry
-    absolute paths)."""
-    if isinstance(exc, OSError) and exc.strerror:
-        where = "".join(f" at {_inside(name, dest)!r}" for name in (exc.filename, exc.filename2) if name)
-        return f"{type(exc).__name__}: {exc.strerror}{where}"
-    text = str(exc)
-    for folder in sorted({str(dest), os.path.realpath(dest)}, key=len, reverse=True):
-        text = text.replace(folder + os.sep, "").replace(folder, ".")
-    for folder in {str(settings.VOLT_DATA_DIR), os.path.realpath(settings.VOLT_DATA_DIR)}:
-        text = text.replace(folder, "<server>")
-    return f"{type(exc).__name__}: {text}"
-
-
-def _inside(name, dest: Path) -> str:
-    """`name` relative to the staging folder `dest`, or only its last part if it lies elsewhere."""
-    path = os.fsdecode(name)
-    for folder in (str(dest), os.path.realpath(dest)):
-        if path == folder or path.startswith(folder + os.sep):
-            return os.path.relpath(path, folder)
-    return os.path.basename(path)
-
-
-def _safe_member(name: str) -> bool:
-    parts = Path(name).parts
-    return bool(name) and not Path(name).is_absolute() and ".." not in parts and "\x00" not in name
-
-
-def _unzip(upload, dest: Path, limit: int, too_large: str) -> None:
-    with zipfile.ZipFile(upload) as archive:
-        members = archive.infolist()
-        if sum(m.file_size for m in members) > limit:
-            raise JobInputError(too_large + " (unpacked)")
-        for member in members:
-            if not _safe_member(member.filename):
-                raise JobInputError(
-                    f"working_dir holds a path outside its folder: {member.filename[:100]!r}."
-                )
-            if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                raise JobInputError(
-                    f"working_dir holds a symbolic link ({member.filename[:100]}): not allowed."
-                )
-        archive.extractall(dest)
-
-
-# Compressed tar streams tarfile would open, by their first bytes. Decompressed here, behind a bound.
-_DECOMPRESSORS = (
-    (b"\x1f\x8b", lambda upload: gzip.GzipFile(fileobj=upload, mode="rb")),
-    (b"BZh", bz2.BZ2File),
-    (b"\xfd7zXZ\x00", lzma.LZMAFile),
-)
-
-
-class _BoundedStream:
-    """A (decompressed) archive stream that refuses to be read or sought past `bound` bytes.
-
-    tarfile lists members by seeking over their data, which for a compressed stream means inflating it: a
-    4 MB gzip bomb took 35-39 s of CPU to list before its size was checked. Through this, inflating stops
-    (JobInputError) as soon as a read or a seek would pass the bound; a seek past it inflates nothing."""
-
-    def __init__(self, raw, bound: int, refusal: str):
-        self.raw, self.bound, self.refusal = raw, bound, refusal
-
-    def read(self, size: int | None = -1) -> bytes:
-        room = self.bound - self.raw.tell()
-        if size is not None and 0 <= size <= room:
-            return self.raw.read(size)
-        data = self.raw.read(max(room, 0) + 1 if size is None or size < 0 else min(size, max(room, 0) + 1))
-        if len(data) > room:
-            raise JobInputError(self.refusal)
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        target = offset + (self.raw.tell() if whence == 1 else 0)
-        if whence not in (0, 1) or target > self.bound:
-            raise JobInputError(self.refusal)
-        return self.raw.seek(target)
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-
-def _untar(upload, dest: Path, limit: int, too_large: str) -> None:
-    upload.seek(0)
-    magic = upload.read(6)
-    upload.seek(0)
-    opener = next((opener for prefix, opener in _DECOMPRESSORS if magic.startswith(prefix)), None)
-    raw = opener(upload) if opener is not None else upload
-    # Tar headers and padding (512 bytes a member, at least) come on top of the files' content: a folder of
-    # many small files takes more stream than content, so the stream may be twice the content's limit.
-    stream = _BoundedStream(raw, 2 * limit, too_large + " (unpacked)")
-    with raw if raw is not upload else nullcontext(), tarfile.open(fileobj=stream, mode="r:") as archive:
-        members = archive.getmembers()
-        if sum(m.size for m in members if m.isfile()) > limit:
-            raise JobInputError(too_large + " (unpacked)")
-        for member in members:
-            if not _safe_member(member.name) or not (member.isfile() or member.isdir()):
-                raise JobInputError(
-                    f"working_dir holds {member.name[:100]!r}: only plain files and folders inside it are allowed."
-                )
-        archive.extractall(dest, filter="data")
+    enqueue_on_commit("jobs.tasks.start_job_task", job_id)
 
 
 # --- what the job gets on the cluster ----------------------------------------------------------------
@@ -448,7 +261,8 @@ def _local(cluster: Cluster) -> bool:
 
 def _nodes(cluster: Cluster) -> list[ClusterNode]:
     return list(
-        cluster.nodes.filter(released_at__isnull=True, slot__isnull=False)
+        cluster.nodes.active()
+        .filter(slot__isnull=False)
         .select_related("host__provider")
         .order_by("-is_head", "rank")
     )
@@ -1017,10 +831,7 @@ def stop_job(job: Job, *, reason: str = "", wait: bool = False, actor: AbstractB
     note(job, f"stop requested: {reason}")
     if wait:
         return finish_stop(job.pk, reason)
-    from jobs.tasks import stop_job_task
-
-    job_id = job.pk
-    transaction.on_commit(lambda: stop_job_task.delay(job_id, reason))
+    enqueue_on_commit("jobs.tasks.stop_job_task", job.pk, reason)
     return job
 
 

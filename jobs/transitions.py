@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from jobs.choices import JobStatus
 from jobs.models import Job, JobEvent
+from jobs.payloads import job_payload
+from jobs.workdirs import prune_working_dir
 from voltweb import realtime, statemachine
 
 S = JobStatus
@@ -48,8 +50,6 @@ def transition(job: Job, to: str, reason: str = "", extra: dict | None = None) -
         )
 
     def announce() -> None:
-        from jobs.services import job_payload, prune_working_dir
-
         realtime.broadcast(
             f"cluster-{job.cluster_id}", {"kind": "job", "job": job_payload(job), "reason": reason}
         )

@@ -35,7 +35,7 @@ def _fresh_offers_cache():
     """Cached offers from an earlier (rolled back) test must not answer this one."""
     from django.core.cache import cache
 
-    from inventory.services import CAPACITY_VERSION_KEY
+    from inventory.capacity import CAPACITY_VERSION_KEY
 
     cache.set(CAPACITY_VERSION_KEY, uuid.uuid4().int >> 66, None)
 

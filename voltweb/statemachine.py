@@ -11,9 +11,13 @@ from collections.abc import Callable, Mapping
 
 from django.db import models, transaction
 
+from voltweb.domain import DomainError
 
-class IllegalTransition(Exception):
-    """The object is not in a state from which the requested move is allowed."""
+
+class IllegalTransition(DomainError):
+    """The object is not in a state from which the requested move is allowed (API: 409)."""
+
+    code = "illegal_transition"
 
     def __init__(self, obj: models.Model, current: str, target: str):
         self.obj, self.current, self.target = obj, current, target

@@ -7,12 +7,15 @@ import logging
 from collections.abc import Callable
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from voltweb.celery import app
 
 logger = logging.getLogger(__name__)
 GONE = "gone"
+# Errors that say nothing of the work, only that the database was briefly unavailable (SQLite's "database
+# is locked" past its timeout, a PostgreSQL connection dropped): an idempotent task retries on them.
+TRANSIENT: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
 
 
 def volt_task(
@@ -60,6 +63,26 @@ def volt_task(
     return wrap
 
 
-def enqueue_on_commit(task, *args, **kwargs) -> None:
-    """Send `task` only once the surrounding transaction commits, so the worker sees the rows."""
-    transaction.on_commit(lambda: task.delay(*args, **kwargs))
+def registered(name: str):
+    """The task registered as `name` ("clusters.tasks.place_cluster_task"). The web process need not have
+    imported the tasks module: Celery's autodiscovery (every app's tasks.py) runs on first use."""
+    try:
+        return app.tasks[name]
+    except KeyError:
+        app.loader.import_default_modules()
+        return app.tasks[name]
+
+
+def enqueue(name: str, *args, **kwargs) -> None:
+    """Send the task registered as `name` now, on the queue it declares."""
+    registered(name).delay(*args, **kwargs)
+
+
+def enqueue_on_commit(name: str, *args, **kwargs) -> None:
+    """Send the task registered as `name` once the surrounding transaction commits, so the worker sees
+    the rows (at once when there is no transaction).
+
+    Work is enqueued by the task's stable name, never by importing it: nothing below an app's tasks.py
+    imports it (CONVENTIONS.md, "Enqueue by stable task name").
+    """
+    transaction.on_commit(lambda: enqueue(name, *args, **kwargs))

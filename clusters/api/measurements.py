@@ -63,10 +63,7 @@ class BandwidthSampleViewSet(mixins.CreateModelMixin, viewsets.GenericViewSet):
             )
         upload = ProviderRunSerializer(data=request.data)
         upload.is_valid(raise_exception=True)
-        try:
-            sample = measurements.record_provider_run(
-                request.user, upload.validated_data["hosts"], upload.validated_data["output"]
-            )
-        except measurements.MeasurementRefused as exc:
-            raise ServiceError(exc.message, code=exc.code, status_code=exc.status) from None
+        sample = measurements.record_provider_run(
+            request.user, upload.validated_data["hosts"], upload.validated_data["output"]
+        )
         return Response(BandwidthSampleSerializer(sample).data, status=status.HTTP_201_CREATED)

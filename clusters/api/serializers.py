@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from clusters import services
+from clusters import planning, recovery, services
 from clusters.choices import ConstraintMode, FailureReason, ModelPolicy, Parallelism, TopologyLevel
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
@@ -75,8 +75,8 @@ class ClusterSpecSerializer(serializers.Serializer):
                 raise serializers.ValidationError({"team": "Name the team (slug) the cluster belongs to."})
             attrs["team"] = teams[0]
         try:
-            services.validate_spec(self.spec(attrs))
-        except services.InvalidSpec as exc:
+            planning.validate_spec(self.spec(attrs))
+        except planning.InvalidSpec as exc:
             raise serializers.ValidationError(problems_by_field(exc.problems)) from None
         return attrs
 
@@ -138,8 +138,6 @@ class ClusterSerializer(serializers.ModelSerializer):
 
     def get_recovery(self, cluster) -> dict | None:
         """The latest automatic recovery (all of them: GET .../recoveries/); on the cluster itself only."""
-        from clusters import recovery
-
         view = self.context.get("view")
         if view is None or getattr(view, "action", None) != "retrieve":
             return None

@@ -14,7 +14,7 @@ from clusters import bandwidth_watch, metrics, services
 from clusters.api.serializers import ClusterSerializer
 from clusters.choices import MetricSeries
 from clusters.models import Cluster
-from voltweb.api.errors import ErrorResponseSerializer, ServiceError
+from voltweb.api.errors import ErrorResponseSerializer
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
 MAX_POINTS = 10_000
@@ -99,10 +99,7 @@ class ClusterTelemetryViewSet(viewsets.GenericViewSet):
         the result is a `busbw` sample (GET metrics/?series=busbw) and, below the flag fraction of the
         prediction, the cluster's `bandwidth_alert` naming the slow host when one stands out."""
         cluster = self.get_object()
-        try:
-            bandwidth_watch.request_probe(cluster, request.user)
-        except bandwidth_watch.NotProbeable as exc:
-            raise ServiceError(str(exc), code="not_ready") from None
+        bandwidth_watch.request_probe(cluster, request.user)
         return Response(ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=ProbeSettingsSerializer, responses={200: ClusterSerializer, **ERRORS})

@@ -7,12 +7,11 @@ from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from clusters import services
+from clusters import planning, services
 from clusters.api import serializers as s
 from clusters.models import Cluster
 from voltweb import services as accounts
 from voltweb.api.errors import ErrorResponseSerializer, ServiceError
-from voltweb.statemachine import IllegalTransition
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
 
@@ -42,7 +41,7 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             cluster = services.request_cluster(
                 spec.validated_data["team"], request.user, spec.spec(spec.validated_data)
             )
-        except services.InvalidSpec as exc:
+        except planning.InvalidSpec as exc:
             raise ServiceError("; ".join(exc.problems), code="invalid", status_code=400) from None
         return Response(s.ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
 
@@ -53,10 +52,7 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         `terminating` at once while a worker stops the cluster's Ray processes, removes its key and frees
         its GPUs; poll the cluster (or `volt clusters terminate --wait`) until it is `terminated`."""
         cluster = self.get_object()
-        try:
-            cluster = services.terminate_cluster(cluster, request.user)
-        except IllegalTransition as exc:
-            raise ServiceError(f"{exc} It is {exc.current}.", code="illegal_transition") from None
+        cluster = services.terminate_cluster(cluster, request.user)
         return Response(s.ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
@@ -72,10 +68,7 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         """The cluster's SSH private key, for members of its team only (platform admins: 403). Download as
         volt-cluster-<id>.key, chmod 600. Each download is recorded on the cluster's timeline."""
         cluster = self.get_object()
-        try:
-            key = services.download_cluster_key(cluster, request.user)
-        except services.KeyNotYours as exc:
-            raise ServiceError(str(exc), code="team_members_only", status_code=403) from None
+        key = services.download_cluster_key(cluster, request.user)
         if not key:
             raise ServiceError(
                 "This cluster has no key yet: it is generated when provisioning starts.",
@@ -97,17 +90,17 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 @api_view(["POST"])
 def preview(request):
     """The plan placement would make now, without allocating anything; or why nothing fits."""
-    if not services.may_request_clusters(request.user):
-        raise PermissionDenied(str(services.NoTeam()))
+    if not planning.may_request_clusters(request.user):
+        raise PermissionDenied(str(planning.NoTeam()))
     spec = s.ClusterSpecSerializer(data=request.data, context={"request": request, "needs_team": False})
     spec.is_valid(raise_exception=True)
     try:
-        result = services.preview(
+        result = planning.preview(
             spec.spec(spec.validated_data), request.user, _team_of(request, spec.validated_data)
         )
-    except services.InvalidSpec as exc:
+    except planning.InvalidSpec as exc:
         raise ServiceError("; ".join(exc.problems), code="invalid", status_code=400) from None
-    return Response(services.plan_as_json(result))
+    return Response(planning.plan_as_json(result))
 
 
 def _team_of(request, validated: dict):

@@ -64,7 +64,7 @@ def wait_for_nodes(
                 if node.get("state") == "ALIVE"
             ]
             error = ""
-        except (OSError, ValueError) as exc:  # URLError, refused, timeouts, half-started dashboard
+        except HeadUnreachable as exc:  # refused, timeouts, a half-started dashboard
             error = f"{type(exc).__name__}: {exc}"
         ips = {node.get("node_ip") for node in alive}
         if not error and len(alive) >= expected and wanted <= ips:
@@ -88,14 +88,32 @@ def auth_headers(auth_token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
 
 
+class HeadUnreachable(Exception):
+    """The head's dashboard did not answer, or answered with an error."""
+
+
+def head_request(dashboard_url: str, path: str, timeout_s: float, token: str | None = "") -> Any:
+    """GET `path` on the head's dashboard with the cluster's token and return its JSON; HeadUnreachable on
+    any failure (refused, timeout, 401/403 without the right token, not JSON). Every HTTP GET Volt sends a
+    Ray head goes through here (job submission goes through Ray's own client, with auth_headers)."""
+    if not dashboard_url:
+        raise HeadUnreachable("the cluster has no Ray dashboard address")
+    request = urllib.request.Request(f"{dashboard_url.rstrip('/')}{path}", headers=auth_headers(token))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.load(response)
+    except (OSError, ValueError) as exc:  # URLError, HTTPError, refused, timeout, bad JSON
+        raise HeadUnreachable(
+            f"Ray head at {dashboard_url} did not answer: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def list_nodes(dashboard_url: str, timeout_s: float, auth_token: str | None = None) -> list[dict[str, Any]]:
-    """Every node the head's state API knows (records as in wait_for_nodes). HTTPError 401/403 if refused."""
-    url = f"{dashboard_url.rstrip('/')}/api/v0/nodes?limit=10000&timeout={max(1, int(timeout_s))}"
-    call = urllib.request.Request(url, headers=auth_headers(auth_token))
-    with urllib.request.urlopen(call, timeout=timeout_s) as response:
-        body = json.load(response)
-    if not body.get("result", False):
-        raise ValueError(f"state API error: {body.get('msg', body)}")
+    """Every node the head's state API knows (node_ip, state ALIVE/DEAD, is_head_node, ...)."""
+    path = f"/api/v0/nodes?limit=10000&timeout={max(1, int(timeout_s))}"
+    body = head_request(dashboard_url, path, timeout_s, auth_token)
+    if not isinstance(body, dict) or not body.get("result", False):
+        raise HeadUnreachable(f"Ray head state API error: {str(body)[:200]}")
     return body["data"]["result"]["result"]
 
 

@@ -15,10 +15,8 @@ from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
 from inventory.filters import GpuFilter, HostFilter, OfferFilter
 from inventory.models import Block, Fabric, Host, Site
-from inventory.validation import HostRefused
-from voltweb.api.errors import ErrorResponseSerializer, ServiceError
+from voltweb.api.errors import ErrorResponseSerializer
 from voltweb.services import is_platform_admin
-from voltweb.statemachine import IllegalTransition
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}
 # One host: its provider's view (HostDetail) or everyone else's (HostView, which HostDetail extends).
@@ -26,10 +24,6 @@ ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: Error
 HOST_AS_SEEN = {
     "anyOf": [{"$ref": "#/components/schemas/HostDetail"}, {"$ref": "#/components/schemas/HostView"}]
 }
-
-
-def _refused(exc: HostRefused) -> ServiceError:
-    return ServiceError(exc.message, code=exc.code, status_code=exc.status)
 
 
 def _django_to_drf(exc: DjangoValidationError) -> ValidationError:
@@ -70,10 +64,7 @@ class ProviderViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         provider = self.get_object()
         if not is_platform_admin(self.request.user):
             raise PermissionDenied("Only platform admins approve or suspend providers.")
-        try:
-            services.review_provider(provider, approve)
-        except IllegalTransition as exc:
-            raise ServiceError(str(exc), code="illegal_transition") from None
+        services.review_provider(provider, approve)
         return Response(s.ProviderSerializer(provider).data)
 
 
@@ -182,8 +173,6 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise NotFound("No such provider among yours.")
         try:
             host = services.add_host(provider, serializer.to_request(), actor=request.user)
-        except HostRefused as exc:
-            raise _refused(exc) from None
         except DjangoValidationError as exc:
             raise _django_to_drf(exc) from None
         return Response(s.HostDetailSerializer(host).data, status=status.HTTP_202_ACCEPTED)
@@ -194,14 +183,7 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise NotFound("No such host among your provider's hosts.")
         body = s.HostActionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            host = services.act_on_host(
-                host, action_name, request.user, body.validated_data.get("reason", "")
-            )
-        except IllegalTransition as exc:
-            raise ServiceError(f"{exc} Current state: {exc.current}.", code="illegal_transition") from None
-        except HostRefused as exc:
-            raise _refused(exc) from None
+        host = services.act_on_host(host, action_name, request.user, body.validated_data.get("reason", ""))
         return Response(self._shown(host), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inventory.fabric_emulation import unavailable_reason
 from inventory.gpu_catalog import BY_MODEL
 
 
@@ -86,8 +87,6 @@ def _needs_emulated_links() -> str | None:
     # Link faults change the shaping of local links (inventory/fabric_emulation.py): without it they
     # would silently do nothing. Django's settings are read here only (this module stays importable without).
     from django.conf import settings
-
-    from inventory.fabric_emulation import unavailable_reason
 
     return unavailable_reason(settings.VOLT_LOCAL_FABRIC_EMULATION)
 

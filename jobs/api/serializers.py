@@ -2,7 +2,7 @@ from rest_framework import serializers
 
 from clusters import services as clusters
 from clusters.models import Cluster
-from jobs import services
+from jobs import recovery, services
 from jobs.models import Checkpoint, Job, JobEvent
 from voltweb.api.fields import ScopedIdField, StrictCharField, StrictFloatField, StrictIntegerField
 
@@ -86,8 +86,6 @@ class JobSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_gpu_hours_lost(self, job) -> float:
-        from jobs import recovery
-
         return recovery.gpu_hours_lost(job)
 
 

@@ -15,13 +15,12 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from inventory.filters import IdFilter
-from jobs import services
+from jobs import services, workdirs
 from jobs.api import serializers as s
 from jobs.choices import JobStatus
 from jobs.models import Job
-from voltweb.api.errors import ErrorResponseSerializer, ServiceError
+from voltweb.api.errors import ErrorResponseSerializer
 from voltweb.api.parsers import StrictJSONParser
-from voltweb.statemachine import IllegalTransition
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 403: ErrorResponseSerializer,
           404: ErrorResponseSerializer, 409: ErrorResponseSerializer}  # fmt: skip
@@ -65,13 +64,13 @@ def submit_from(serializer: s.JobSubmitSerializer, user) -> Job:
     """Run the service for a validated submission (API and console): unpack the upload, submit, clean up."""
     data = serializer.validated_data
     services.check_may_submit(data["cluster"], user)  # before any upload is unpacked
-    staging = services.unpack_upload(data["working_dir"]) if data["working_dir"] is not None else None
+    staging = workdirs.unpack_upload(data["working_dir"]) if data["working_dir"] is not None else None
     try:
         if data["demo"]:
             return services.submit_job(
                 data["cluster"], user,
                 services.demo_entrypoint(data["steps"], data["checkpoint_every"], data["seed"], data["step_sleep"]),
-                working_dir=services.WORKLOADS_DIR, env=data["env"], checkpoint_every=data["checkpoint_every"],
+                working_dir=workdirs.WORKLOADS_DIR, env=data["env"], checkpoint_every=data["checkpoint_every"],
                 name=data["name"] or "demo", is_demo=True,
             )  # fmt: skip
         return services.submit_job(
@@ -122,14 +121,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         )
         serializer = s.JobSubmitSerializer(data=data, context={"request": request})
         serializer.is_valid(raise_exception=True)
-        try:
-            job = submit_from(serializer, request.user)
-        except services.JobInputError as exc:
-            raise ServiceError(str(exc), code="invalid", status_code=400) from None
-        except services.ClusterNotReady as exc:
-            raise ServiceError(str(exc), code="cluster_not_ready", status_code=409) from None
-        except services.SubmitRefused as exc:
-            raise ServiceError(str(exc), code=exc.code, status_code=exc.status) from None
+        job = submit_from(serializer, request.user)
         return Response(s.JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
@@ -168,12 +160,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         """Stop the job: answers at once; a worker stops it through Ray and makes sure none of its processes
         is left on any host, then it is `stopped`."""
         job = self.get_object()
-        try:
-            job = services.stop_job(job, actor=request.user)
-        except IllegalTransition as exc:
-            raise ServiceError(
-                f"Job {job.pk} already ended: it is {exc.current}.", code="illegal_transition"
-            ) from None
+        job = services.stop_job(job, actor=request.user)
         return Response(s.JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: s.CheckpointSerializer(many=True)})

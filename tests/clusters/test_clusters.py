@@ -3,7 +3,7 @@
 import pytest
 from django.db import IntegrityError, transaction
 
-from clusters import services
+from clusters import allocations, planning, services
 from clusters.models import Allocation, Cluster
 from clusters.tasks import terminate_cluster_task
 from inventory.models import Host
@@ -117,8 +117,8 @@ def test_queue_placement_respects_priority_when_only_one_fits(alice, rack, clien
 
 def test_release_frees_gpus_exactly_once(alice, rack, client_for, committed):
     cluster = request(client_for(alice), committed, nodes=2)
-    assert services.release(cluster) == 16
-    assert services.release(cluster) == 0
+    assert allocations.release(cluster) == 16
+    assert allocations.release(cluster) == 0
     assert sum(Host.objects.values_list("free_gpus", flat=True)) == 40
 
 
@@ -179,7 +179,7 @@ def test_cordoned_and_draining_hosts_are_not_placed(alice, priya, rack, client_f
 
 def test_measured_bandwidth_overrides_the_declared_figure(alice, rack, client_for):
     block = rack["r01"][0].block
-    services.record_bandwidth_sample("block", str(block.pk), 123.0)
+    planning.record_bandwidth_sample("block", str(block.pk), 123.0)
     body = client_for(alice).post("/api/v1/placements/preview", spec(nodes=3), format="json").json()
     assert body["predicted_busbw_gbps"] == 123.0
 
@@ -248,7 +248,7 @@ def test_a_drain_out_of_time_leaves_the_rest_queued_for_the_next(alice, rack, cl
     client = client_for(alice)
     first = request(client, committed, nodes=5)
     waiting = request(client, committed, nodes=1, name="waiting")
-    services.release(first)  # not committed: nothing drains yet
+    allocations.release(first)  # not committed: nothing drains yet
 
     assert services.drain_queue(budget_s=-1) == 0
     assert Cluster.objects.get(pk=waiting.pk).status == "queued"

@@ -5,7 +5,7 @@ measured bandwidth from local hosts does not stand for a fabric unless its links
 
 import pytest
 
-from clusters import services
+from clusters import planning, services
 from clusters.models import Allocation, Cluster
 from inventory.discovery.topo import parse_topo
 from tests.clusters.conftest import spec
@@ -44,17 +44,17 @@ def test_a_free_four_l40s_host_gives_one_node_its_four_gpus(
 
 def test_a_spec_asking_more_gpus_than_a_pcie_host_has_says_so(alice, northwind, northwind_ib, add_local_host):
     add_local_host(northwind, northwind_ib, "l40s-01", model="L40S", gpus=4, price="0.99")
-    with pytest.raises(services.InvalidSpec, match="the largest L40S host has 4 GPUs"):
-        services.validate_spec(spec(nodes=1, gpus_per_node=5, gpu_models=["L40S"]))
+    with pytest.raises(planning.InvalidSpec, match="the largest L40S host has 4 GPUs"):
+        planning.validate_spec(spec(nodes=1, gpus_per_node=5, gpu_models=["L40S"]))
 
 
 def test_samples_between_local_hosts_count_only_when_their_links_were_emulated(alice, rack, client_for):
     block = rack["r01"][0].block
-    services.record_bandwidth_sample("block", str(block.pk), 1.1, source_local=True)  # plain loopback
+    planning.record_bandwidth_sample("block", str(block.pk), 1.1, source_local=True)  # plain loopback
     preview = client_for(alice).post("/api/v1/placements/preview", spec(nodes=3), format="json").json()
     assert preview["predicted_busbw_gbps"] == 400.0
     assert not any(line.startswith("measured:") for line in preview["explanation"])
-    services.record_bandwidth_sample("block", str(block.pk), 300.0, source_local=True, emulated=True)
+    planning.record_bandwidth_sample("block", str(block.pk), 300.0, source_local=True, emulated=True)
     preview = client_for(alice).post("/api/v1/placements/preview", spec(nodes=3), format="json").json()
     assert preview["predicted_busbw_gbps"] == 300.0
     measured = [line for line in preview["explanation"] if line.startswith("measured:")]

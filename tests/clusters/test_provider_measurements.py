@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clusters import services
+from clusters import planning
 from clusters.models import BandwidthSample
 from inventory import services as inventory
 from inventory.choices import FabricKind
@@ -72,7 +72,7 @@ def test_placement_takes_a_provider_figure_below_its_prediction_and_volt_s_own_o
     preview = client_for(alice).post("/api/v1/placements/preview", spec(nodes=2), format="json").json()
     assert preview["predicted_busbw_gbps"] == 352.19  # measured by the provider, below the 400 declared
 
-    services.record_bandwidth_sample("block", str(pair[0].block_id), 390.0)  # Volt's own probe
+    planning.record_bandwidth_sample("block", str(pair[0].block_id), 390.0)  # Volt's own probe
     preview = client_for(alice).post("/api/v1/placements/preview", spec(nodes=2), format="json").json()
     assert preview["predicted_busbw_gbps"] == 390.0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from clusters import provision, recovery, services, transitions
+from clusters import planning, provision, recovery, transitions
 from clusters.models import Cluster, Recovery
 from voltweb import services as accounts
 from voltweb.choices import TeamRole
@@ -37,13 +37,13 @@ def carol(make_user, team_a):
 
 
 def replacement_for(cluster: Cluster, node):
-    request = services.to_request(cluster.spec)
+    request = planning.to_request(cluster.spec)
     request = type(request)(
         **{**request.__dict__, "nodes": 1, "topology_level": None, "topology_mode": "any"}
     )
     used = {str(n.host_id) for n in cluster.nodes.all()}
     candidates = [
-        s for s in services.candidate_snapshots(request, team_id=cluster.team_id) if s.host_id not in used
+        s for s in planning.candidate_snapshots(request, team_id=cluster.team_id) if s.host_id not in used
     ]
     survivors = [n for n in provision.active_nodes(cluster) if n.pk != node.pk]
     return provision.near_survivors(request, candidates, survivors)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from clusters import allocations, services
+from clusters import allocations, planning, services
 from clusters.models import Allocation, Cluster
 from inventory.models import Host
 from tests.clusters.conftest import spec
@@ -53,7 +53,7 @@ def test_allocation_rechecks_the_team_under_the_host_lock(
     alice, bob, team_b, one_host, client_for, committed
 ):
     """A plan made while the host was empty cannot be allocated once another team took part of it."""
-    stale_plan = services.preview(spec(**HALF), bob, team_b)
+    stale_plan = planning.preview(spec(**HALF), bob, team_b)
     assert stale_plan.host_ids == (str(one_host.pk),)
     request(client_for(alice), committed, name="a-first")  # team A takes half the host meanwhile
     late = services.request_cluster(team_b, bob, spec(**HALF, name="b-late"))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from clusters import services
+from clusters import planning, services
 from clusters.choices import ClusterStatus
 from clusters.models import Allocation, Cluster
 from clusters.tasks import place_cluster_task
@@ -19,14 +19,14 @@ def terminate_while_planning(monkeypatch, alice):
     The planner reads measured bandwidth first thing; the terminate is slipped in there, which is where a
     concurrent API request lands in the real race (seen once in 30 on PostgreSQL).
     """
-    real = services.measured_bandwidth
+    real = planning.measured_bandwidth
 
     def racing():
         for cluster in Cluster.objects.filter(status=ClusterStatus.PLACING):
             services.terminate_cluster(cluster, alice)
         return real()
 
-    monkeypatch.setattr(services, "measured_bandwidth", racing)
+    monkeypatch.setattr(planning, "measured_bandwidth", racing)
 
 
 def pending_cluster(alice, team_a, **overrides) -> Cluster:

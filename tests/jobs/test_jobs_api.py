@@ -16,7 +16,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from clusters import transitions as cluster_transitions
 from clusters.models import Cluster, MetricSample
-from jobs import services, transitions
+from jobs import services, transitions, workdirs
 from jobs.choices import JobStatus
 from jobs.models import Job, JobLogChunk
 
@@ -56,8 +56,8 @@ def test_demo_submission_is_pending_with_the_contracts_environment(alice, ready_
     assert env["VOLT_JOB_ID"] == str(job.pk) and env["VOLT_CHECKPOINT_EVERY"] == "4" and env["LR"] == "0.1"
     assert env["VOLT_CHECKPOINT_DIR"].endswith(f"/jobs/{job.pk}/checkpoints")
     assert "VOLT_RESUME_FROM" not in env
-    assert (services.workdirs_root() / str(job.pk) / "demo_train.py").exists() or not (
-        services.WORKLOADS_DIR / "demo_train.py"
+    assert (workdirs.workdirs_root() / str(job.pk) / "demo_train.py").exists() or not (
+        workdirs.WORKLOADS_DIR / "demo_train.py"
     ).exists()
     assert job.events.first().to_status == "pending"
 
@@ -111,10 +111,10 @@ def test_uploaded_working_dir_is_unpacked_with_volt_ckpt_beside_the_entrypoint(
     response = submit(client_for(alice), body, fmt="multipart")
     assert response.status_code == 202, response.json()
     job = Job.objects.get(pk=response.json()["id"])
-    folder = services.workdirs_root() / str(job.pk)
+    folder = workdirs.workdirs_root() / str(job.pk)
     assert (folder / "train.py").read_text() == "print('hi')\n" and (folder / "pkg" / "util.py").exists()
     assert job.env == {"A": "1"} and job.working_dir == str(folder)
-    assert not list((services.workdirs_root() / "uploads").iterdir())  # the staging copy is gone
+    assert not list((workdirs.workdirs_root() / "uploads").iterdir())  # the staging copy is gone
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def test_a_working_dir_copy_goes_when_nothing_can_submit_the_job_again(
     """Every submission copied its working dir under VOLT_DATA_DIR/job-workdirs for good: a machine running
     jobs all day filled its disk. The copy serves resubmissions only (recovery), so it goes when the job
     succeeds or is stopped, and a failed or interrupted job keeps it until its cluster ends."""
-    folder = lambda job: services.workdirs_root() / str(job.pk)  # noqa: E731
+    folder = lambda job: workdirs.workdirs_root() / str(job.pk)  # noqa: E731
     succeeded, stopped, failed, interrupted = (
         services.submit_job(ready_cluster, alice, "python t.py") for _ in range(4)
     )

@@ -16,7 +16,7 @@ import tarfile
 
 import pytest
 
-from jobs import services
+from jobs import services, workdirs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MIB = 1024 * 1024
@@ -75,12 +75,12 @@ def test_a_gzip_bomb_is_refused_after_inflating_about_the_limit(expanded_mib, fi
     assert upload.size < settings.VOLT_JOB_UPLOAD_MAX_MB * MIB  # the compressed size passes its check
 
     with pytest.raises(services.JobInputError, match=r"larger than 20 MiB .*\(unpacked\)"):
-        services.unpack_upload(upload)
+        workdirs.unpack_upload(upload)
 
     # Inflating it all means reading it all; stopping near the limit (20 MiB, ~20 KB of this stream
     # per 20 MiB unpacked) means reading a small part of it.
     assert upload.furthest < upload.size // 20, (upload.furthest, upload.size)
-    assert not list((services.workdirs_root() / "uploads").iterdir())  # nothing left behind
+    assert not list((workdirs.workdirs_root() / "uploads").iterdir())  # nothing left behind
 
 
 def test_other_compressions_are_bounded_the_same_way():
@@ -88,7 +88,7 @@ def test_other_compressions_are_bounded_the_same_way():
     upload = CountingUpload(bomb(4096, 4, compress=xz_stream), "bomb.tar")
 
     with pytest.raises(services.JobInputError, match=r"\(unpacked\)"):
-        services.unpack_upload(upload)
+        workdirs.unpack_upload(upload)
     assert upload.furthest < upload.size // 20, (upload.furthest, upload.size)
 
 
@@ -100,7 +100,7 @@ def test_an_archive_within_the_limit_still_unpacks(settings):
             info = tarfile.TarInfo(f"pkg/m{index}.py")
             info.size = len(content)
             archive.addfile(info, io.BytesIO(content))
-    folder = services.unpack_upload(CountingUpload(buffer.getvalue(), "wd.tgz"))
+    folder = workdirs.unpack_upload(CountingUpload(buffer.getvalue(), "wd.tgz"))
     assert (folder / "pkg" / "m299.py").read_text() == "print(299)\n"
 
 

@@ -8,6 +8,8 @@ from django.http import Http404
 from rest_framework import exceptions, serializers
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from voltweb.domain import DomainError
+
 
 class ServiceError(exceptions.APIException):
     """A domain refusal raised by a service, shown to the caller with its code."""
@@ -32,6 +34,8 @@ def _first_message(detail) -> str:
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, DomainError):  # a service's refusal: its own code and status, one place for all
+        exc = ServiceError(str(exc), code=exc.code, status_code=exc.status)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(getattr(exc, "message_dict", None) or exc.messages)
     elif isinstance(exc, Http404):
