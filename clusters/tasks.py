@@ -3,16 +3,16 @@
 from clusters import bandwidth_watch, metrics, provision, recovery, services, watch
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster
-from voltweb.taskutils import TRANSIENT, volt_task
+from voltweb.taskutils import volt_task
 
 
-@volt_task("placement", soft_time_limit=50, time_limit=60, retry_on=TRANSIENT)
+@volt_task("placement", soft_time_limit=50, time_limit=60)
 def place_cluster_task(cluster_id: int) -> str:
     """Place a requested or queued cluster (idempotent)."""
     return services.place_cluster(cluster_id).status
 
 
-@volt_task("placement", soft_time_limit=110, time_limit=120, retry_on=TRANSIENT)
+@volt_task("placement", soft_time_limit=110, time_limit=120)
 def drain_queue_task() -> int:
     """Place queued clusters that now fit, in priority then FIFO order."""
     return services.drain_queue()
@@ -65,7 +65,7 @@ def watch_clusters_task() -> int:
     return len(ids)
 
 
-@volt_task("monitoring", soft_time_limit=60, time_limit=90, retry_on=TRANSIENT)
+@volt_task("monitoring", soft_time_limit=60, time_limit=90)
 def sweep_cluster_task(cluster_id: int) -> str:
     """Check one cluster's head and hosts and give each node a verdict (skipped while one still runs)."""
     return watch.sweep_cluster(cluster_id)

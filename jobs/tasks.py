@@ -3,7 +3,7 @@
 from django.conf import settings
 
 from jobs import services
-from voltweb.taskutils import TRANSIENT, volt_task
+from voltweb.taskutils import volt_task
 
 
 @volt_task("jobs", soft_time_limit=110, time_limit=120)
@@ -22,7 +22,7 @@ def poll_jobs_task() -> int:
     return len(ids)
 
 
-@volt_task("jobs", soft_time_limit=50, time_limit=60, retry_on=TRANSIENT)
+@volt_task("jobs", soft_time_limit=50, time_limit=60)
 def poll_job_task(job_id: int) -> str:
     """Status, new logs, events and checkpoints of one job."""
     return services.poll_job(job_id)

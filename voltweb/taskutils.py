@@ -7,15 +7,12 @@ import logging
 from collections.abc import Callable
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 
 from voltweb.celery import app
 
 logger = logging.getLogger(__name__)
 GONE = "gone"
-# Errors that say nothing of the work, only that the database was briefly unavailable (SQLite's "database
-# is locked" past its timeout, a PostgreSQL connection dropped): an idempotent task retries on them.
-TRANSIENT: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
 
 
 def volt_task(
@@ -23,10 +20,11 @@ def volt_task(
     *,
     soft_time_limit: int | None = None,
     time_limit: int | None = None,
-    retry_on: tuple[type[BaseException], ...] = (),
-    max_retries: int = 3,
 ) -> Callable:
-    """Register a task on `queue`; only `retry_on` errors (transient ones) are retried, with backoff.
+    """Register a task on `queue`: acknowledged late, rejected (so redelivered) when its worker is lost.
+
+    No task retries through Celery: each is idempotent, and what one leaves undone beat picks up again
+    (the next poll or sweep, the reapers). A retry option nobody passed was dropped (issue 22).
 
     A task whose row no longer exists (deleted meanwhile, or a message meant for another Volt that
     shares the broker) has nothing to do: it logs a warning and returns "gone" instead of failing.
@@ -48,11 +46,6 @@ def volt_task(
             "queue": queue,
             "acks_late": True,
             "reject_on_worker_lost": True,
-            "autoretry_for": retry_on,
-            "retry_backoff": 2,
-            "retry_backoff_max": 60,
-            "retry_jitter": True,
-            "max_retries": max_retries,
         }
         if soft_time_limit is not None:
             options["soft_time_limit"] = soft_time_limit
