@@ -120,6 +120,6 @@ def test_membership_recheck_works_for_a_session_user(ready, alice):
     lazy._wrapped = alice
     consumer = ClusterConsumer()
     consumer.user, consumer.cluster_id = lazy, ready.pk
-    assert async_to_sync(consumer._still_allowed)() is True
+    assert async_to_sync(consumer.still_allowed)() is True
     Membership.objects.filter(team=ready.team, user=alice).delete()  # removed from the team
-    assert async_to_sync(consumer._still_allowed)() is False
+    assert async_to_sync(consumer.still_allowed)() is False

@@ -106,3 +106,25 @@ async def test_the_overview_socket_closes_once_its_token_is_revoked(alice, clust
     await sync_to_async(realtime.overview_changed)("test")  # the next recompute re-reads the token
 
     assert await comm.receive_output(timeout=10) == CLOSED
+
+
+async def test_the_host_socket_takes_a_token_and_closes_once_it_is_revoked(
+    priya, northwind, northwind_ib, add_local_host
+):
+    """Issue 22: of three consumers only the cluster's accepted API tokens; a provider admin's CI could not
+    follow a host. Now every socket authenticates the same way (voltweb.consumers.VoltConsumer), and the
+    host socket, which re-authorizes every event, ends with the token."""
+    from inventory import services as inventory
+
+    host = await sync_to_async(add_local_host)(northwind, northwind_ib, "ws-token")
+    issued = await sync_to_async(accounts.create_api_token)(priya, "ws")
+    comm = await open_socket(f"/ws/hosts/{host.pk}/", issued.secret)
+    assert (await comm.receive_json_from(timeout=10))["kind"] == "snapshot"
+
+    await sync_to_async(inventory.act_on_host)(host, "cordon", priya, "fan failure")
+    assert (await comm.receive_json_from(timeout=10))["state"] == "cordoned"
+
+    await sync_to_async(end_token)(issued.token, "revoked")
+    await sync_to_async(inventory.act_on_host)(host, "uncordon", priya, "fixed")
+
+    assert await comm.receive_output(timeout=10) == CLOSED
