@@ -58,3 +58,12 @@ def transition(job: Job, to: str, reason: str = "", extra: dict | None = None) -
 
     return statemachine.apply(job, to, JOB_TRANSITIONS, field="status", extra=extra, record=record,
                               after_commit=announce)  # fmt: skip
+
+
+def announce(job: Job) -> None:
+    realtime.broadcast(f"cluster-{job.cluster_id}", {"kind": "job", "job": job_payload(job)})
+
+
+def note(job: Job, message: str) -> None:
+    """A timeline line of the job that is not a status change."""
+    JobEvent.objects.create(job=job, message=message)

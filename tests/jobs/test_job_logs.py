@@ -18,7 +18,7 @@ from clusters.models import Cluster, ClusterNode
 from clusters.tenancy import node_temp_dir
 from inventory import services as inventory
 from inventory.drivers import local as local_driver
-from jobs import services
+from jobs import following, onray, services
 from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -64,7 +64,7 @@ def job_on_head(team_a, alice, head_host, monkeypatch):
     (temp_dir / "session_latest").symlink_to(session)
     log_file = session / "logs" / f"job-driver-{sid}.log"
     ray = FakeRay(log_file)
-    monkeypatch.setattr(services, "ray_client", lambda cluster: ray)
+    monkeypatch.setattr(onray, "ray_client", lambda cluster: ray)
     yield Job.objects.get(pk=job.pk), log_file, ray
     shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -87,7 +87,7 @@ def host_reads(monkeypatch):
         driver.run = recorded
         return driver
 
-    monkeypatch.setattr(services.inventory, "driver_for", spying)
+    monkeypatch.setattr(inventory, "driver_for", spying)
     return sizes
 
 
@@ -114,7 +114,7 @@ def log_lines(first: int, last: int) -> str:
 def test_a_chatty_jobs_log_is_read_where_the_last_read_stopped_in_bounded_pieces(
     job_on_head, host_reads, monkeypatch
 ):
-    monkeypatch.setattr(services, "LOG_READ_MAX", 64 * KIB, raising=False)
+    monkeypatch.setattr(following, "LOG_READ_MAX", 64 * KIB, raising=False)
     job, log_file, ray = job_on_head
     first = log_lines(0, 4000)  # ~450 KB
     log_file.write_bytes(first.encode() + b"half a lin")
@@ -145,8 +145,8 @@ def test_a_chatty_jobs_log_is_read_where_the_last_read_stopped_in_bounded_pieces
 def test_the_status_follows_once_the_log_is_read(job_on_head, host_reads, monkeypatch):
     """A job that ended with more log than one poll reads stays as it was until its log is stored: the end
     of the log (and its last events) is never dropped for the sake of the status."""
-    monkeypatch.setattr(services, "LOG_READ_MAX", 16 * KIB, raising=False)
-    monkeypatch.setattr(services, "LOG_POLL_BUDGET_S", 0.0, raising=False)  # one read per poll
+    monkeypatch.setattr(following, "LOG_READ_MAX", 16 * KIB, raising=False)
+    monkeypatch.setattr(following, "LOG_POLL_BUDGET_S", 0.0, raising=False)  # one read per poll
     job, log_file, ray = job_on_head
     log_file.write_bytes(log_lines(0, 500).encode())
     ray.status = "FAILED"

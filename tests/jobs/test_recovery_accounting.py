@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from clusters import recovery as cluster_recovery
 from clusters.models import Cluster, Recovery
-from jobs import services
+from jobs import checkpoints, services
 from jobs.models import Checkpoint, Job
 
 pytestmark = pytest.mark.django_db
@@ -35,7 +35,7 @@ def cluster(team_a, alice):
 @pytest.fixture(autouse=True)
 def _no_storage_scan(monkeypatch):
     """The checkpoints are the rows the test writes (no cluster storage to scan)."""
-    monkeypatch.setattr(services, "rescan_checkpoints", lambda job: list(job.checkpoints.all()))
+    monkeypatch.setattr(checkpoints, "rescan_checkpoints", lambda job: list(job.checkpoints.all()))
 
 
 def steps(numbers, clock) -> list[dict]:

@@ -24,7 +24,7 @@ from clusters.tenancy import node_temp_dir, shared_storage_dir
 from inventory import local_runtime
 from inventory import services as inventory
 from inventory.drivers.base import DriverError
-from jobs import services
+from jobs import onray, services
 from jobs.models import Job
 
 pytestmark = [
@@ -88,7 +88,7 @@ def hostile_job(team_a, alice, northwind, northwind_ib, add_local_host, monkeypa
     storage.mkdir(parents=True)
     os.chown(storage, uid, uid)
     storage.chmod(0o700)
-    monkeypatch.setattr(services, "ray_client", lambda cluster: RayStillRunning())
+    monkeypatch.setattr(onray, "ray_client", lambda cluster: RayStillRunning())
     yield Job.objects.get(pk=job.pk), temp_dir, storage, uid
     shutil.rmtree(temp_dir, ignore_errors=True)
     with inventory.driver_for(host) as driver:

@@ -1,0 +1,121 @@
+"""A job's checkpoints: scanned from its storage on the head host (as the cluster's own user), recorded as
+rows, the latest synchronized one found for recovery."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+
+from clusters.provisioning import ray_nodes
+from clusters.tenancy import (
+    node_user_prefix,
+    ray_cluster_id,
+)
+from inventory import local_runtime
+from inventory import services as inventory
+from inventory.choices import DriverKind
+from inventory.drivers.base import DriverError
+from jobs import onray
+from jobs.models import Checkpoint, Job
+from jobs.workdirs import (
+    CKPT_MODULE,
+    WORKLOADS_DIR,
+)
+from voltweb import realtime
+
+logger = logging.getLogger(__name__)
+
+
+def scan_storage(job: Job) -> list[dict]:
+    """volt_ckpt.scan of the job's checkpoint dir, on the cluster's head host through its driver, as the
+    user its Ray runs as: the folder is the job's to write, and Volt does not walk it with more rights than
+    the job has (tenancy.as_node_user). Local hosts run the module from this machine's source; SSH hosts get
+    a copy in the cluster's workdir."""
+    nodes = onray.live_nodes(job.cluster)
+    if not nodes:
+        return []
+    head = nodes[0]
+    folder = onray.checkpoint_dir(job).replace("${HOME}", "$HOME")
+    with inventory.driver_for(head.host) as driver:
+        if head.host.driver == DriverKind.LOCAL:
+            module, python = str(WORKLOADS_DIR / CKPT_MODULE), local_runtime.python_for_local_hosts()
+        else:
+            workdir = ray_nodes.workdir_for(ray_cluster_id(job.cluster))
+            driver.copy_file(WORKLOADS_DIR / CKPT_MODULE, f"{workdir}/{CKPT_MODULE}")
+            module, python = f"$HOME/{workdir}/{CKPT_MODULE}", settings.VOLT_HOST_PYTHON
+        # No folder yet: no checkpoints. A scan that fails (no Python, the module missing, a folder the
+        # cluster's user cannot read) is an error, not "no checkpoints": recovery would resume from scratch
+        # without a word. The module is read by Volt's shell and handed over as code: the cluster's user
+        # need not reach Volt's source, and runs it with nothing of Volt's environment.
+        switch = node_user_prefix(job.cluster, head.host)
+        clean = "env -i PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 " if switch else ""
+        command = (
+            f'if [ -d "{folder}" ]; then code="$(cat "{module}")" && '
+            f'{switch}{clean}{shlex.quote(python)} -c "$code" scan "{folder}"; else echo "[]"; fi'
+        )
+        result = driver.run(command, timeout=60)
+    if not result.ok:
+        raise DriverError(f"checkpoint scan failed on {nodes[0].host.name}: {result.stderr.strip()[:300]}")
+    # The scan prints indented JSON (a list: its first line is "[" at the margin), perhaps after whatever
+    # the user's shell rc files print.
+    lines = result.stdout.splitlines()
+    starts = [number for number, line in enumerate(lines) if line.startswith("[")]
+    if not starts:
+        raise ValueError(f"checkpoint scan on {nodes[0].host.name} printed no list: {result.stdout[-300:]!r}")
+    return json.loads("\n".join(lines[starts[-1] :]))
+
+
+def rescan_checkpoints(job: Job) -> list[Checkpoint]:
+    """Record what is on storage now: one Checkpoint row per `step-*` folder, synchronized or why not."""
+    try:
+        found = scan_storage(job)
+    except (DriverError, OSError, ValueError) as exc:
+        logger.warning("job %s: checkpoint scan failed: %s", job.pk, exc)
+        return list(job.checkpoints.all())
+    seen = set()
+    for entry in found:
+        seen.add(entry["path"])
+        created = number(entry.get("created"))
+        Checkpoint.objects.update_or_create(
+            job=job,
+            path=entry["path"],
+            defaults={
+                "step": int(entry.get("step") or 0),
+                "size_bytes": int(entry.get("bytes") or 0),
+                "created": datetime.fromtimestamp(created, UTC) if created else None,
+                "synchronized": bool(entry.get("synchronized")),
+                "reason": str(entry.get("reason") or "")[:1000],
+                "world_size": entry.get("world_size") if isinstance(entry.get("world_size"), int) else None,
+            },
+        )
+    job.checkpoints.exclude(path__in=seen).update(synchronized=False, reason="no longer on shared storage")
+    rows = list(job.checkpoints.all())
+    realtime.broadcast(
+        f"cluster-{job.cluster_id}",
+        {"kind": "job_checkpoints", "job": job.pk, "checkpoints": [checkpoint_payload(c) for c in rows]},
+    )
+    return rows
+
+
+def checkpoint_payload(c: Checkpoint) -> dict:
+    return {"step": c.step, "path": c.path, "size_bytes": c.size_bytes, "synchronized": c.synchronized,
+            "reason": c.reason, "created": c.created.isoformat() if c.created else None}  # fmt: skip
+
+
+def latest_synchronized_checkpoint(job: Job) -> Checkpoint | None:
+    """The newest checkpoint every rank finished (rescanned first): the only kind ever resumed from."""
+    rescan_checkpoints(job)
+    return job.checkpoints.filter(synchronized=True).order_by("-step").first()
+
+
+def number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
