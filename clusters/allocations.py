@@ -148,6 +148,22 @@ def release_nodes(cluster: Cluster, node_ids) -> int:
     return freed
 
 
+def swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Plan) -> list[int]:
+    """Replace the `failed` nodes by the plan's hosts, atomically under the hosts' row locks: the failed
+    nodes' GPUs freed and the nodes released, the replacements allocated with the same ranks (and the
+    head's role, if the head failed). Returns those ranks. CapacityChanged if the plan's hosts were taken
+    (nothing changed then)."""
+    with transaction.atomic():
+        lock_hosts_for_team(cluster.team_id, sorted(int(h) for h in plan.host_ids))
+        now = timezone.now()
+        Allocation.objects.filter(node__in=failed, active=True).update(active=False, released_at=now)
+        ClusterNode.objects.filter(pk__in=[n.pk for n in failed]).update(released_at=now)
+        ranks = sorted(n.rank for n in failed)
+        create_allocations(cluster, plan, ranks=ranks, head=any(n.is_head for n in failed))
+        inventory.refresh_free_capacity(sorted({n.host_id for n in failed} | {int(h) for h in plan.host_ids}))
+    return ranks
+
+
 def hosts_serving_other_teams(team_id: int, host_ids) -> set[int]:
     """Of `host_ids`, those where a cluster of another team holds GPUs now."""
     return set(

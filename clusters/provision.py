@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from clusters import allocations, drills, metrics, placement, planning, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
-from clusters.models import Allocation, Cluster, ClusterNode
+from clusters.models import Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
 from clusters.probes import allreduce, launch
 from clusters.provisioning import ray_nodes
@@ -763,15 +763,7 @@ def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> tuple[plac
 
 
 def _swap_nodes(cluster: Cluster, failed: list[ClusterNode], plan: placement.Plan, level: str) -> Replacement:
-    with transaction.atomic():
-        allocations.lock_hosts_for_team(cluster.team_id, sorted(int(h) for h in plan.host_ids))
-        now = timezone.now()
-        Allocation.objects.filter(node__in=failed, active=True).update(active=False, released_at=now)
-        ClusterNode.objects.filter(pk__in=[n.pk for n in failed]).update(released_at=now)
-        head_lost = any(n.is_head for n in failed)
-        ranks = sorted(n.rank for n in failed)
-        allocations.create_allocations(cluster, plan, ranks=ranks, head=head_lost)
-        inventory.refresh_free_capacity(sorted({n.host_id for n in failed} | {int(h) for h in plan.host_ids}))
+    ranks = allocations.swap_nodes(cluster, failed, plan)
     new = list(
         ClusterNode.objects.active()
         .filter(cluster=cluster, rank__in=ranks)

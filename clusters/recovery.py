@@ -183,7 +183,7 @@ def _repair(cluster: Cluster, recovery: Recovery) -> Cluster:
             else:
                 _replaced(cluster, recovery, replacement)
         elif recovery.status == R.WAITING:
-            _set(recovery, status=R.ACTIVE, waiting_reason="")
+            transitions.move_recovery(recovery, R.ACTIVE, waiting_reason="")
         _phase(cluster, recovery, "provisioning")
         try:
             provision.bring_up(cluster)
@@ -267,9 +267,10 @@ def _replaced(cluster: Cluster, recovery: Recovery, replacement: provision.Repla
         replacement_hosts=recovery.replacement_hosts + list(replacement.hosts),
         replacement_reason="; then ".join(reasons),
         replacement_placed_at=timezone.now(),
-        status=R.ACTIVE,
         waiting_reason="",
     )
+    if recovery.status != R.ACTIVE:  # a waiting recovery that found capacity
+        transitions.move_recovery(recovery, R.ACTIVE)
     Cluster.objects.filter(pk=cluster.pk).update(queue_reason="")
 
 
@@ -288,7 +289,10 @@ def _shrink(cluster: Cluster, recovery: Recovery, failed: list[ClusterNode], why
 def _wait(cluster: Cluster, recovery: Recovery, why: str) -> Cluster:
     reason = f"waiting for capacity: {why}"
     first = recovery.status != R.WAITING
-    _set(recovery, status=R.WAITING, waiting_reason=reason)
+    if first:
+        transitions.move_recovery(recovery, R.WAITING, waiting_reason=reason)
+    else:
+        _set(recovery, waiting_reason=reason)
     _phase(cluster, recovery, "waiting_for_capacity")
     Cluster.objects.filter(pk=cluster.pk).update(queue_reason=reason, updated_at=timezone.now())
     if first:
@@ -339,8 +343,15 @@ def _end(cluster: Cluster, recovery: Recovery, status: str, message: str) -> Non
         fresh = Recovery.objects.select_for_update().only("training_resumed_at", "jobs").get(pk=recovery.pk)
         recovery.training_resumed_at, recovery.jobs = fresh.training_resumed_at, fresh.jobs
         recovery.ended_at = now
-        _set(recovery, status=status, phase=phase, phases=phases, message=message[:2000], ended_at=now,
-             waiting_reason="", gpu_hours_lost=_record_gpu_hours(recovery, _gpus(cluster)))  # fmt: skip
+        try:
+            transitions.move_recovery(recovery, status, phase=phase, phases=phases, message=message[:2000],
+                                      ended_at=now, waiting_reason="",
+                                      gpu_hours_lost=_record_gpu_hours(recovery, _gpus(cluster)))  # fmt: skip
+        except IllegalTransition as exc:  # ended already (another path got there first): it stays as it ended
+            logger.info(
+                "recovery %s of cluster %s: not ended again as %s: %s", recovery.pk, cluster.pk, status, exc
+            )
+            return
     _announce(cluster, recovery)
 
 

@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from clusters import hooks
 from clusters.choices import ClusterStatus
-from clusters.models import Cluster, ClusterEvent
+from clusters.choices import RecoveryStatus as R
+from clusters.models import Cluster, ClusterEvent, Recovery
 from voltweb import realtime, statemachine
 
 S = ClusterStatus
@@ -109,3 +110,32 @@ def note(
         {"kind": "timeline", "at": event.at.isoformat(), "status": status, "message": message},
     )
     return event
+
+
+# A recovery's own lifecycle (clusters/recovery.py): claimed like a cluster's, so two workers cannot both
+# end one, and an ended recovery is never re-opened or ended again.
+RECOVERY_TRANSITIONS: dict[str, dict[str, str]] = {
+    R.ACTIVE: {
+        R.WAITING: "no replacement fits now; waits for capacity",
+        R.SUCCEEDED: "recovered",
+        R.FAILED: "recovery failed",
+        R.ABANDONED: "the cluster was terminated",
+    },
+    R.WAITING: {
+        R.ACTIVE: "capacity came: replacing",
+        R.SUCCEEDED: "recovered (re-formed on the survivors)",
+        R.FAILED: "recovery failed",
+        R.ABANDONED: "the cluster was terminated",
+    },
+    R.SUCCEEDED: {},
+    R.FAILED: {},
+    R.ABANDONED: {},
+}
+
+
+def move_recovery(recovery: Recovery, to: str, **fields) -> Recovery:
+    """Move a recovery to `to` from an allowed status (else IllegalTransition), writing `fields` in the same
+    UPDATE. Its steps are on the cluster's timeline already (recovery.py notes each phase)."""
+    return statemachine.apply(
+        recovery, to, RECOVERY_TRANSITIONS, field="status", extra={**fields, "updated_at": timezone.now()}
+    )
