@@ -91,4 +91,6 @@ from jobs.workdirs import (  # noqa: F401
     JobInputError,
     prepare_working_dir,
     prune_working_dir,
+    unpack_upload,
+    workdirs_root,
 )

@@ -2,7 +2,7 @@
 
 import pytest
 
-from clusters import services as clusters
+from clusters import planning
 from clusters.placement import Refusal
 from inventory import services
 from inventory.models import GPU, Host
@@ -50,17 +50,17 @@ def test_offers_group_by_precise_model_and_show_memory(alice, two_a100s, client)
 def test_a_family_request_matches_both_sizes_and_a_variant_only_itself(alice, two_a100s):
     small, large = two_a100s
 
-    family = clusters.preview(spec("A100"), alice)
-    precise = clusters.preview(spec("A100-80GB"), alice)
+    family = planning.preview(spec("A100"), alice)
+    precise = planning.preview(spec("A100-80GB"), alice)
 
     assert family.model == "A100-40GB" and family.nodes[0].host_id == str(small.pk)  # the cheaper fits
     assert precise.model == "A100-80GB" and precise.nodes[0].host_id == str(large.pk)
     Host.objects.filter(pk=large.pk).update(state="cordoned")
     services.bump_capacity_version()
-    assert isinstance(clusters.preview(spec("A100-80GB"), alice), Refusal)  # the 40GB host never serves it
-    assert clusters.preview(spec("A100"), alice).model == "A100-40GB"
-    with pytest.raises(clusters.InvalidSpec, match="unknown GPU model 'B200'"):
-        clusters.preview(spec("B200"), alice)
+    assert isinstance(planning.preview(spec("A100-80GB"), alice), Refusal)  # the 40GB host never serves it
+    assert planning.preview(spec("A100"), alice).model == "A100-40GB"
+    with pytest.raises(planning.InvalidSpec, match="unknown GPU model 'B200'"):
+        planning.preview(spec("B200"), alice)
 
 
 def test_a_host_with_two_models_offers_each_apart(alice, northwind_ib, make_host):
