@@ -40,6 +40,8 @@ from inventory.lab.topology import Machine, Topology
 INVENTORY_DIR = Path(__file__).resolve().parents[1]
 DISKS = {"opt": "/opt", "home": "/home", "root": "/root", "tmp": "/tmp", "var-tmp": "/var/tmp"}
 SHARED_MOUNT = "/mnt/volt-shared"
+# What a machine's init mounts over: a lab's folder under one of them would vanish from its own view.
+MOUNTED_OVER = ("/opt", "/home", "/root", "/tmp", "/var/tmp", "/etc", "/usr/local/bin", "/run", "/dev/shm", "/mnt")
 TOOLS_ROOT = "/opt/volt-lab"  # VOLT_HOST_ROOT inside a machine
 SSH_PORT = 22
 BOOT_TIMEOUT_S = 20.0

@@ -100,6 +100,16 @@ def _require() -> None:
         raise LabError("; ".join(found))
 
 
+def _check_base(base: Path) -> None:
+    resolved = base.resolve()
+    for target in machines.MOUNTED_OVER:
+        if resolved == Path(target) or resolved.is_relative_to(target):
+            raise LabError(
+                f"the lab's folder {base} is under {target}, which every machine mounts its own over: "
+                "set VOLT_LAB_DIR elsewhere (default /var/lib/volt-lab)"
+            )
+
+
 @contextmanager
 def _locked(lab: int) -> Iterator[None]:
     with state.lock(lab):
@@ -119,6 +129,7 @@ def up(
     say: Say = print,
 ) -> LabState:
     """Bring lab `lab` up from the `declared` topology; a crashed lab of that number is removed first."""
+    _check_base(Path(base))
     _require()
     try:
         topology = build(lab, declared, default_nics)
