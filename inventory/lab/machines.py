@@ -41,7 +41,18 @@ INVENTORY_DIR = Path(__file__).resolve().parents[1]
 DISKS = {"opt": "/opt", "home": "/home", "root": "/root", "tmp": "/tmp", "var-tmp": "/var/tmp"}
 SHARED_MOUNT = "/mnt/volt-shared"
 # What a machine's init mounts over: a lab's folder under one of them would vanish from its own view.
-MOUNTED_OVER = ("/opt", "/home", "/root", "/tmp", "/var/tmp", "/etc", "/usr/local/bin", "/run", "/dev/shm", "/mnt")
+MOUNTED_OVER = (
+    "/opt",
+    "/home",
+    "/root",
+    "/tmp",
+    "/var/tmp",
+    "/etc",
+    "/usr/local/bin",
+    "/run",
+    "/dev/shm",
+    "/mnt",
+)
 TOOLS_ROOT = "/opt/volt-lab"  # VOLT_HOST_ROOT inside a machine
 SSH_PORT = 22
 BOOT_TIMEOUT_S = 20.0
@@ -157,31 +168,34 @@ def _group_id(name: str) -> int | None:
 
 
 def _sshd_config(machine: Machine, login: LoginUser) -> str:
-    return "\n".join(
-        [
-            f"Port {SSH_PORT}",
-            f"ListenAddress {machine.address}",  # its lab address, where the gate reaches it
-            "ListenAddress 127.0.0.1",  # its own loopback (of its own network namespace)
-            "HostKey /etc/ssh/ssh_host_ed25519_key",
-            "PidFile none",
-            "AuthorizedKeysFile .ssh/authorized_keys",
-            "PermitRootLogin prohibit-password",
-            "AuthenticationMethods publickey",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "UseDNS no",
-            "PrintMotd no",
-            "X11Forwarding no",
-            "MaxStartups 100",
-            "MaxSessions 100",
-            "Subsystem sftp internal-sftp",
-            # Where the simulated tools' spec and faults are, for every session (discovery reads
-            # ${VOLT_HOST_ROOT}/sys/class/infiniband, as on a sandboxed local host).
-            f'SetEnv "VOLT_HOST_ROOT={TOOLS_ROOT}"',
-        ]
-    ) + "\n"
+    return (
+        "\n".join(
+            [
+                f"Port {SSH_PORT}",
+                f"ListenAddress {machine.address}",  # its lab address, where the gate reaches it
+                "ListenAddress 127.0.0.1",  # its own loopback (of its own network namespace)
+                "HostKey /etc/ssh/ssh_host_ed25519_key",
+                "PidFile none",
+                "AuthorizedKeysFile .ssh/authorized_keys",
+                "PermitRootLogin prohibit-password",
+                "AuthenticationMethods publickey",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "UseDNS no",
+                "PrintMotd no",
+                "X11Forwarding no",
+                "MaxStartups 100",
+                "MaxSessions 100",
+                "Subsystem sftp internal-sftp",
+                # Where the simulated tools' spec and faults are, for every session (discovery reads
+                # ${VOLT_HOST_ROOT}/sys/class/infiniband, as on a sandboxed local host).
+                f'SetEnv "VOLT_HOST_ROOT={TOOLS_ROOT}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def _write_home(home: Path, login: LoginUser) -> None:

@@ -133,12 +133,6 @@ def set_plugged(lab: int, machine: Machine, plugged: bool) -> None:
     _ip(router_namespace(lab), "link", "set", router_end(machine), "up" if plugged else "down")
 
 
-def is_plugged(lab: int, machine: Machine) -> bool:
-    shown = _ip(router_namespace(lab), "-o", "link", "show", "dev", router_end(machine), check=False)
-    flags = shown.split("<", 1)[1].split(">", 1)[0].split(",") if "<" in shown else []
-    return "UP" in flags
-
-
 # --- shaping ------------------------------------------------------------------------------------
 
 
@@ -152,7 +146,9 @@ def _rate(rate_bytes: int) -> str:
 def shaping_plan(topology: Topology, scale: float) -> dict[str, list[tuple[str, int]]]:
     """For each machine, (sender's address, bytes/s) for every other machine: what its link lets in."""
     return {
-        dst.name: [(src.address, topology.rate_bytes(src, dst, scale)) for src in topology.machines if src != dst]
+        dst.name: [
+            (src.address, topology.rate_bytes(src, dst, scale)) for src in topology.machines if src != dst
+        ]
         for dst in topology.machines
     }
 
@@ -172,4 +168,3 @@ def shape(lab: int, topology: Topology, scale: float) -> None:
                 f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip src {source}/32 flowid 1:{k:x}"
             )
     _run(["ip", "netns", "exec", router, "tc", "-batch", "-"], input_text="\n".join(lines) + "\n")
-

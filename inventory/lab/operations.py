@@ -228,7 +228,9 @@ def _boot(directory: Path, record: LabState, topology: Topology, names: list[str
     for name in names:
         entry = record.machines[name]
         try:
-            entry.pid1 = machines.wait_booted(directory, topology.machine(name), entry.launcher, offsets[name])
+            entry.pid1 = machines.wait_booted(
+                directory, topology.machine(name), entry.launcher, offsets[name]
+            )
         except machines.MachineError as exc:
             entry.power, entry.launcher = state.POWER_OFF, None
             state.write(directory, record)

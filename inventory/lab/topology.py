@@ -226,10 +226,14 @@ def build(lab: int, declared: dict, default_nics: Callable[[str, int, str], list
             raise TopologyError(f"machine {name}: fabric {fabric_name!r} is not declared under fabrics")
         site = sites.get(fabric.get("site"))
         if not isinstance(site, dict):
-            raise TopologyError(f"fabric {fabric_name}: site {fabric.get('site')!r} is not declared under sites")
+            raise TopologyError(
+                f"fabric {fabric_name}: site {fabric.get('site')!r} is not declared under sites"
+            )
         kind = fabric.get("kind", "ib_ndr")
         if kind not in FABRIC_KINDS:
-            raise TopologyError(f"fabric {fabric_name}: kind {kind!r} is not one of {', '.join(FABRIC_KINDS)}")
+            raise TopologyError(
+                f"fabric {fabric_name}: kind {kind!r} is not one of {', '.join(FABRIC_KINDS)}"
+            )
         network = ipaddress.ip_network(providers[provider].network)
         machines.append(
             Machine(
@@ -282,7 +286,7 @@ def _positive(entry: dict, key: str, owner: str, default: float | None = None) -
 def _gpu_spec(name: str, entry: dict, kind: str, default_nics) -> dict:
     model, count = entry.get("gpu_model"), entry.get("gpu_count")
     if not isinstance(model, str) or not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise TopologyError(f"machine {name}: declare gpu_model (e.g. \"H100\") and gpu_count (1 or more)")
+        raise TopologyError(f'machine {name}: declare gpu_model (e.g. "H100") and gpu_count (1 or more)')
     spec = {"gpu_model": model, "gpu_count": count, "seed": f"lab-{name}"}
     for key in ("nvlink", "driver_version", "cuda_version"):
         if key in entry:

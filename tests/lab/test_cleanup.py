@@ -34,9 +34,15 @@ def box(lab: Lab) -> dict:
             for name in (line.split(":")[1].strip() for line in _lines(["ip", "-o", "link", "show"]))
             if name.startswith(("vm", "br", "veth")) or name.split("@")[0] == network.MACHINE_DEVICE
         ),
-        "mounts": sorted(m for m in mounts if "volt-lab" in m or m.startswith(str(lab.base)) or m == "/run/netns"),
-        "users": [line for table in ("/etc/passwd", "/etc/group", "/etc/shadow")
-                  for line in Path(table).read_text().splitlines() if line.startswith(user)],  # fmt: skip
+        "mounts": sorted(
+            m for m in mounts if "volt-lab" in m or m.startswith(str(lab.base)) or m == "/run/netns"
+        ),
+        "users": [
+            line
+            for table in ("/etc/passwd", "/etc/group", "/etc/shadow")
+            for line in Path(table).read_text().splitlines()
+            if line.startswith(user)
+        ],
         "gates": [line for line in listeners.splitlines() if f"127.77.{lab.number}." in line],
     }
 
@@ -59,6 +65,11 @@ def test_lab_down_leaves_nothing_behind(lab):
     assert len(during["namespaces"]) == 3 and len(during["gates"]) == 2
     assert during["users"] == [] and during["links"] == before["links"]  # users and links only in the lab
     assert len(processes) == 5 and all(ref.alive() for ref in processes)
+    again = lab.manage("up", "--machines", "2", check=False)
+    assert (
+        again.returncode != 0
+        and f"lab {lab.number} is already up (2 machines): `lab down` first" in again.stderr
+    )
 
     result = lab.manage("down")
 

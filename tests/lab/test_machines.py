@@ -24,9 +24,30 @@ TOPOLOGY = {
         "ord1-roce": {"site": "ord1", "kind": "roce", "per_host_gbytes_per_s": 200},
     },
     "machines": [
-        {"name": "nw-01", "provider": "northwind", "fabric": "iad1-ndr", "block": "r1", "gpu_model": "H100", "gpu_count": 8},
-        {"name": "nw-02", "provider": "northwind", "fabric": "iad1-ndr", "block": "r2", "gpu_model": "A100", "gpu_count": 4},
-        {"name": "he-01", "provider": "helios", "fabric": "ord1-roce", "block": "r1", "gpu_model": "L40S", "gpu_count": 2},
+        {
+            "name": "nw-01",
+            "provider": "northwind",
+            "fabric": "iad1-ndr",
+            "block": "r1",
+            "gpu_model": "H100",
+            "gpu_count": 8,
+        },
+        {
+            "name": "nw-02",
+            "provider": "northwind",
+            "fabric": "iad1-ndr",
+            "block": "r2",
+            "gpu_model": "A100",
+            "gpu_count": 4,
+        },
+        {
+            "name": "he-01",
+            "provider": "helios",
+            "fabric": "ord1-roce",
+            "block": "r1",
+            "gpu_model": "L40S",
+            "gpu_count": 2,
+        },
     ],
 }
 SCALE = 0.0001  # nw-01 -> nw-02 (other block, same fabric): 400 GB/s / 2 x 0.0001 = 20 MB/s
@@ -96,9 +117,10 @@ def test_simulated_tools_print_the_machines_declared_gpus(lab):
     listing = lab.ssh("nw-02", "nvidia-smi -L").splitlines()
     assert len(listing) == 4 and all("A100" in line for line in listing)
     assert "CA 'mlx5_0'" in lab.ssh("nw-01", "ibstat")
-    assert lab.ssh("he-01", "nvidia-smi --query-gpu=name --format=csv,noheader").splitlines() == [
-        "NVIDIA L40S"
-    ] * 2
+    assert (
+        lab.ssh("he-01", "nvidia-smi --query-gpu=name --format=csv,noheader").splitlines()
+        == ["NVIDIA L40S"] * 2
+    )
 
 
 def test_machines_reach_each_other_on_their_lab_addresses(lab):
@@ -175,4 +197,3 @@ def test_unplugged_machine_is_unreachable_until_plugged_back(lab):
         lab.manage("plug", name)
 
     assert lab.ssh(name, "hostname").strip() == name
-

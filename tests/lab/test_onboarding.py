@@ -17,8 +17,22 @@ TOPOLOGY = {
     "sites": {"iad1": {"region": "us-east", "backbone_gbytes_per_s": 12.5}},
     "fabrics": {"iad1-ndr": {"site": "iad1", "kind": "ib_ndr", "per_host_gbytes_per_s": 400}},
     "machines": [
-        {"name": "nw-01", "provider": "northwind", "fabric": "iad1-ndr", "block": "r1", "gpu_model": "H100", "gpu_count": 8},
-        {"name": "nw-02", "provider": "northwind", "fabric": "iad1-ndr", "block": "r1", "gpu_model": "A100", "gpu_count": 4},
+        {
+            "name": "nw-01",
+            "provider": "northwind",
+            "fabric": "iad1-ndr",
+            "block": "r1",
+            "gpu_model": "H100",
+            "gpu_count": 8,
+        },
+        {
+            "name": "nw-02",
+            "provider": "northwind",
+            "fabric": "iad1-ndr",
+            "block": "r1",
+            "gpu_model": "A100",
+            "gpu_count": 4,
+        },
     ],
 }
 

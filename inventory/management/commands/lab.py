@@ -1,9 +1,9 @@
 """`manage.py lab`: separate machines on this box (root only; inventory/lab/, docs/architecture.md "The lab").
 
-    lab up [--machines 8] [--providers 2] [--topology FILE] [--scale X] [--gate-port 22] [--lab 1]
-    lab down | lab status
-    lab power-off NAME | lab power-on NAME | lab unplug NAME | lab plug NAME
-    lab exec NAME [--user volt] -- COMMAND...
+lab up [--machines 8] [--providers 2] [--topology FILE] [--scale X] [--gate-port 22] [--lab 1]
+lab down | lab status
+lab power-off NAME | lab power-on NAME | lab unplug NAME | lab plug NAME
+lab exec NAME [--user volt] -- COMMAND...
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ class Command(BaseCommand):
         actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         up = actions.add_parser("up", help="Bring a lab up (removing a crashed one of the same number).")
         up.add_argument("--machines", type=int, default=8, help="Machines of the default topology (8).")
-        up.add_argument("--providers", type=int, default=2, help="Providers of the default topology (1 or 2).")
+        up.add_argument(
+            "--providers", type=int, default=2, help="Providers of the default topology (1 or 2)."
+        )
         up.add_argument("--topology", default="", help="A topology JSON file instead of the default.")
         up.add_argument(
             "--scale",
@@ -106,7 +108,9 @@ class Command(BaseCommand):
             f"lab {status.lab}: {status.status}, {len(status.machines)} machines, links at the declared "
             f"rates x {status.scale:g}; shared storage at {SHARED_MOUNT} on every machine ({status.shared})"
         )
-        self._say(f"log in: ssh -i {status.key_path} -p {status.machines[0].gate_port} {status.login_user}@GATE")
+        self._say(
+            f"log in: ssh -i {status.key_path} -p {status.machines[0].gate_port} {status.login_user}@GATE"
+        )
         rows = [("MACHINE", "PROVIDER", "BLOCK", "GPUS", "ADDRESS", "GATE", "POWER", "CABLE")]
         for m in status.machines:
             cable = "plugged" if m.plugged else "unplugged"
