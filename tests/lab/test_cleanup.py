@@ -64,6 +64,10 @@ def test_lab_down_leaves_nothing_behind(lab):
     processes = started_processes(lab)
     assert len(during["namespaces"]) == 3 and len(during["gates"]) == 2
     assert during["users"] == [] and during["links"] == before["links"]  # users and links only in the lab
+    root_namespace = "\n".join(
+        _lines(["ip", "-4", "addr"]) + _lines(["ip", "route"]) + _lines(["ip", "neigh"])
+    )
+    assert "10.77." not in root_namespace  # lab addresses live only in the lab's namespaces
     assert len(processes) == 5 and all(ref.alive() for ref in processes)
     again = lab.manage("up", "--machines", "2", check=False)
     assert (
