@@ -316,6 +316,9 @@ if VOLT_LOCAL_FABRIC_EMULATION not in ("auto", "off"):
 # Declared GB/s x this = the shaped rate: NDR's 400 GB/s becomes 100 MB/s, under what this machine's
 # loopback delivers to the probe (docs/architecture.md, "Emulated fabric").
 VOLT_LOCAL_FABRIC_SCALE = env_float("VOLT_LOCAL_FABRIC_SCALE", 0.00025, minimum=1e-7, maximum=1.0)
+# The lab (root only; `manage.py lab`, inventory/lab/): each lab's state, machines' disks and shared folder
+# live in <VOLT_LAB_DIR>/lab<N>/, removed by `lab down`.
+VOLT_LAB_DIR = Path(env_str("VOLT_LAB_DIR", "/var/lib/volt-lab"))
 VOLT_LINK_FLAP_PERIOD_S = env_float("VOLT_LINK_FLAP_PERIOD_S", 3.0, minimum=0.5, maximum=600.0)
 VOLT_LINK_FLAP_MAX_S = env_float("VOLT_LINK_FLAP_MAX_S", 3600.0, minimum=1.0, maximum=86400.0)
 # TCP ports of Volt's own services on this machine that cluster users may not open (local hosts, as root:

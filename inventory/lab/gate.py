@@ -1,0 +1,153 @@
+"""The lab's gate: how the root namespace reaches each machine's sshd without touching a lab address.
+
+    Volt (root namespace) ──TCP──▶ 127.77.<lab>.<n>:22 ┐ one gate process per lab: its listening sockets
+                                                       │ were made in the root namespace, then the process
+                                                       │ moved itself into the router namespace (setns);
+                                                       └─▶ connects there to 10.77.p.k:22 over the bridge
+
+A socket keeps the network namespace it was created in, so the gate binds every machine's loopback gate
+first and only then joins the router namespace, where all its outgoing connections are made: nothing in
+the root namespace targets a lab address, and a machine reached through its gate is reached over its
+own cable (unplugged, its gate answers nothing; powered off, nothing listens). Being in the router's
+namespace, the gate is among that namespace's processes, so a crashed lab's gate is found there even if
+the state file never recorded it.
+
+Run as `python -m inventory.lab.gate --netns /run/netns/NAME --log FILE LISTEN=TARGET ...` (LISTEN and
+TARGET are ADDRESS:PORT). It prints `ready` (or `error: …`) on stdout once it serves, then logs to FILE.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+CONNECT_TIMEOUT_S = 5.0
+CHUNK = 1 << 16
+READY_TIMEOUT_S = 15.0
+
+
+def _setns(path: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path) as handle:
+        if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({path})")
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def _listen(address: tuple[str, int]) -> socket.socket:
+    if not address[0].startswith("127."):
+        raise ValueError(f"{address[0]}: gates listen on loopback addresses only")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (OSError, ConnectionError):
+        pass
+
+
+def _handler(target: tuple[str, int]):
+    async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(*target), CONNECT_TIMEOUT_S)
+        except (TimeoutError, OSError) as exc:
+            print(f"{time.strftime('%H:%M:%S')} {target[0]}:{target[1]} unreachable: {exc or 'timeout'}",
+                  flush=True)  # fmt: skip
+            client_writer.close()
+            return
+        await asyncio.gather(_pipe(client_reader, writer), _pipe(reader, client_writer))
+        for end in (writer, client_writer):
+            end.close()
+
+    return handle
+
+
+async def _serve(routes: list[tuple[socket.socket, tuple[str, int]]]) -> None:
+    servers = [await asyncio.start_server(_handler(target), sock=sock) for sock, target in routes]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for server in servers:
+        server.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--netns", required=True, help="the router namespace's file (/run/netns/NAME)")
+    parser.add_argument("--log", required=True)
+    parser.add_argument("routes", nargs="+", help="LISTEN_ADDRESS:PORT=TARGET_ADDRESS:PORT")
+    args = parser.parse_args(argv)
+    try:
+        routes = []
+        for route in args.routes:
+            listen, _, target = route.partition("=")
+            routes.append((_listen(_address(listen)), _address(target)))
+        _setns(args.netns)  # before any thread exists: every thread the loop starts is born in there
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", flush=True)
+        return 1
+    print("ready", flush=True)
+    log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    asyncio.run(_serve(routes))
+    return 0
+
+
+def start(netns: str, log: Path, routes: dict[str, str]) -> int:
+    """Start a gate for `routes` ({"127.77.1.1:22": "10.77.1.11:22"}); its PID once it serves."""
+    repo = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "inventory.lab.gate", "--netns", netns, "--log", str(log)]
+    argv += [f"{listen}={target}" for listen, target in routes.items()]
+    process = subprocess.Popen(
+        argv, cwd=repo, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(repo)},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    line = _read_line(process, READY_TIMEOUT_S)
+    process.stdout.close()
+    if line.strip() != "ready":
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        raise RuntimeError(f"the lab's gate did not start: {line.strip() or 'it printed nothing'}")
+    return process.pid
+
+
+def _read_line(process: subprocess.Popen, timeout_s: float) -> str:
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout_s):
+            return f"no answer in {timeout_s:g} s"
+    return process.stdout.readline()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""What `manage.py lab` does: bring a lab up and down, report it, cut a machine's power or cable.
+
+    up ─▶ clean what a crashed lab left ─▶ state file (starting) ─▶ router namespace, a bridge per provider
+       ─▶ per machine: namespace + veth + address, disk, /etc, host key, tools ─▶ shape the links (tc)
+       ─▶ the gate (root-namespace sockets, router-namespace process) ─▶ power every machine on, wait for
+          its sshd ─▶ state file (up)
+    down ─▶ SIGKILL each machine's PID 1 and the gate (by recorded PID), then every process left in a lab
+       namespace ─▶ delete the namespaces (their links and bridges go with them) ─▶ remove the lab folder
+
+Each step is recorded in the state file before it is made (inventory/lab/state.py), and `down` also finds
+namespaces by name, so a lab whose `up` was killed half-way is removed by `down` or by the next `up`.
+Every function takes the lab's base folder and number, and `say` for progress lines.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from inventory.lab import gate, machines, network, state
+from inventory.lab.state import LabState, MachineState, ProcessRef
+from inventory.lab.topology import Topology, TopologyError, as_json, build, from_json
+
+Say = Callable[[str], None]
+KEY_NAME = "id_ed25519"
+# What the lab runs, and the Debian package that brings it.
+REQUIRED = {
+    "ip": "iproute2",
+    "tc": "iproute2",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+    "su": "login",
+    "sudo": "sudo",
+    "sshd": "openssh-server",
+    "python3": "python3",
+}
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class LabError(RuntimeError):
+    """A lab command cannot do what was asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class MachineStatus:
+    """One machine as `lab status` shows it, with what it takes to log in through its gate."""
+
+    name: str
+    provider: str
+    site: str
+    block: str
+    gpus: str
+    address: str
+    gate: str
+    gate_port: int
+    power: str  # "on", "off", or "off (PID 1 ended)" when it stopped by itself
+    plugged: bool
+    host_key: str
+    pid1: int | None
+
+
+@dataclass(frozen=True)
+class LabStatus:
+    lab: int
+    status: str
+    scale: float
+    login_user: str
+    key_path: Path
+    shared: Path
+    machines: tuple[MachineStatus, ...]
+
+    def machine(self, name: str) -> MachineStatus:
+        return next(m for m in self.machines if m.name == name)
+
+
+def problems() -> list[str]:
+    """Why the lab cannot run here (empty when it can)."""
+    if os.geteuid() != 0:
+        return [
+            "the lab makes network, mount and PID namespaces, links and mounts, which needs root: run it as "
+            "root, e.g. `sudo .venv/bin/python manage.py lab up`"
+        ]
+    missing = {package for tool, package in REQUIRED.items() if shutil.which(tool, path=_SYSTEM_PATH) is None}
+    found = []
+    if missing:
+        found.append(f"missing tools: apt-get install -y {' '.join(sorted(missing))}")
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        found.append("this kernel has no overlay filesystem (machines' /etc): `modprobe overlay`")
+    return found
+
+
+def _require() -> None:
+    found = problems()
+    if found:
+        raise LabError("; ".join(found))
+
+
+def _check_base(base: Path) -> None:
+    resolved = base.resolve()
+    for target in machines.MOUNTED_OVER:
+        if resolved == Path(target) or resolved.is_relative_to(target):
+            raise LabError(
+                f"the lab's folder {base} is under {target}, which every machine mounts its own over: "
+                "set VOLT_LAB_DIR elsewhere (default /var/lib/volt-lab)"
+            )
+
+
+@contextmanager
+def _locked(lab: int) -> Iterator[None]:
+    with state.lock(lab):
+        yield
+
+
+# --- up -----------------------------------------------------------------------------------------
+
+
+def up(
+    base: Path,
+    lab: int,
+    declared: dict,
+    scale: float,
+    gate_port: int = machines.SSH_PORT,
+    default_nics: Callable[[str, int, str], list] | None = None,
+    say: Say = print,
+) -> LabState:
+    """Bring lab `lab` up from the `declared` topology; a crashed lab of that number is removed first."""
+    _check_base(Path(base))
+    _require()
+    try:
+        topology = build(lab, declared, default_nics)
+    except TopologyError as exc:
+        raise LabError(str(exc)) from None
+    directory = state.lab_dir(base, lab)
+    with _locked(lab):
+        previous = state.read(directory)
+        if previous is not None and previous.status == state.UP and previous.gate and previous.gate.alive():
+            raise LabError(f"lab {lab} is already up ({len(previous.machines)} machines): `lab down` first")
+        if previous is not None or network.namespaces(lab) or directory.exists():
+            say(f"lab {lab}: removing what an earlier lab left behind")
+            _teardown(Path(base), lab, say)
+        try:
+            return _make(directory, topology, scale, gate_port, say)
+        except BaseException:
+            say(f"lab {lab} did not come up: removing what was made")
+            _teardown(Path(base), lab, say)
+            raise
+
+
+def _make(directory: Path, topology: Topology, scale: float, gate_port: int, say: Say) -> LabState:
+    lab = topology.lab
+    record = LabState(
+        lab=lab,
+        owner=ProcessRef.of(os.getpid()),
+        scale=scale,
+        topology=as_json(topology),
+        gate_port=gate_port,
+        login_uid=machines.free_uid(),
+        run_netns_was_mounted=network.run_netns_is_mounted(),
+    )
+    directory.mkdir(parents=True, mode=0o700)
+    state.write(directory, record)
+    shared = machines.shared_dir(directory)
+    shared.mkdir()
+    shared.chmod(0o1777)
+    private, public = machines.key_pair()
+    (directory / KEY_NAME).write_text(private)
+    (directory / KEY_NAME).chmod(0o600)
+    (directory / f"{KEY_NAME}.pub").write_text(public + "\n")
+    login = machines.LoginUser(record.login_user, record.login_uid, public)
+    python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+
+    router = network.router_namespace(lab)
+    _add_namespace(directory, record, router)
+    network.make_router(lab, topology.providers)
+    nets = ", ".join(f"{p.name} {p.network}" for p in topology.providers)
+    say(f"lab {lab}: router namespace {router} (provider networks: {nets})")
+    for machine in topology.machines:
+        _add_namespace(directory, record, network.machine_namespace(lab, machine.name))
+        network.link_machine(lab, machine, topology.provider(machine.provider))
+        host_key = machines.prepare(directory, topology, machine, login, python)
+        record.machines[machine.name] = MachineState(host_key=host_key)
+        state.write(directory, record)
+        say(f"  {machine.name}: {machine.address} on {machine.provider}, block {machine.block}, "
+            f"{machine.spec['gpu_count']} x {machine.spec['gpu_model']}, gate {machine.gate}:{gate_port}")  # fmt: skip
+    network.shape(lab, topology, scale)
+    say(f"links shaped to the topology's level rates x {scale:g} (tc on the router's end of each veth)")
+    _start_gate(directory, record, topology)
+    _boot(directory, record, topology, [m.name for m in topology.machines])
+    record.status, record.owner = state.UP, None
+    state.write(directory, record)
+    say(f"lab {lab} is up: {len(topology.machines)} machines; log in with "
+        f"ssh -i {directory / KEY_NAME} -p {gate_port} {record.login_user}@<gate>   (`lab status` lists them)")  # fmt: skip
+    return record
+
+
+def _add_namespace(directory: Path, record: LabState, name: str) -> None:
+    record.namespaces.append(name)
+    state.write(directory, record)  # named in the state before it exists
+    network.add_namespace(name)
+
+
+def _start_gate(directory: Path, record: LabState, topology: Topology) -> None:
+    routes = {f"{m.gate}:{record.gate_port}": f"{m.address}:{machines.SSH_PORT}" for m in topology.machines}
+    netns = str(network.NETNS_DIR / network.router_namespace(topology.lab))
+    try:
+        pid = gate.start(netns, directory / "gate.log", routes)
+    except RuntimeError as exc:
+        hint = " (is another sshd or lab listening there? pick another with --gate-port)"
+        raise LabError(f"{exc}{hint if 'in use' in str(exc) else ''}") from None
+    record.gate = ProcessRef.of(pid)
+    state.write(directory, record)
+
+
+def _boot(directory: Path, record: LabState, topology: Topology, names: list[str]) -> None:
+    """Power on `names` together, then wait for each sshd."""
+    offsets = {}
+    for name in names:
+        offsets[name] = machines.console_offset(directory, name)
+        namespace = network.machine_namespace(topology.lab, name)
+        record.machines[name].launcher = machines.power_on(directory, topology.machine(name), namespace)
+        record.machines[name].power = state.POWER_ON
+        state.write(directory, record)
+    for name in names:
+        entry = record.machines[name]
+        try:
+            entry.pid1 = machines.wait_booted(
+                directory, topology.machine(name), entry.launcher, offsets[name]
+            )
+        except machines.MachineError as exc:
+            entry.power, entry.launcher = state.POWER_OFF, None
+            state.write(directory, record)
+            raise LabError(str(exc)) from None
+        state.write(directory, record)
+
+
+# --- down ---------------------------------------------------------------------------------------
+
+
+def down(base: Path, lab: int, say: Say = print) -> bool:
+    """Remove lab `lab` whole (a crashed one too); False when there was nothing to remove."""
+    _require()
+    directory = state.lab_dir(base, lab)
+    with _locked(lab):
+        record = state.read(directory)
+        if record is None and not network.namespaces(lab) and not directory.exists():
+            say(f"lab {lab} is not up: nothing to remove")
+            return False
+        if record is not None:
+            record.status = state.STOPPING
+            state.write(directory, record)
+        _teardown(Path(base), lab, say)
+    say(f"lab {lab} is down: no namespace, link, mount or process of it is left")
+    return True
+
+
+def _teardown(base: Path, lab: int, say: Say) -> None:
+    directory = state.lab_dir(base, lab)
+    record = state.read(directory)
+    if record is not None:
+        for entry in record.machines.values():
+            machines.power_off(entry.pid1, entry.launcher)
+        machines.kill(record.gate)
+        machines.wait_gone(record.gate)
+    names = sorted(set(network.namespaces(lab)) | set(record.namespaces if record else ()))
+    for name in names:
+        _end_processes(name)
+    for name in names:
+        network.delete_namespace(name)
+    if names:
+        say(f"  removed namespaces {', '.join(names)}")
+    if record is not None and not record.run_netns_was_mounted:
+        network.unmount_run_netns_if_empty()
+    if directory.exists():
+        shutil.rmtree(directory)
+        say(f"  removed {directory}")
+    try:
+        Path(base).rmdir()  # only when no other lab is left in it
+    except OSError:
+        pass
+
+
+def _end_processes(namespace: str) -> None:
+    """SIGKILL every process left in a lab namespace (each was started in the lab), until none is left."""
+    for _attempt in range(100):
+        left = [ProcessRef.of(pid) for pid in network.pids(namespace)]
+        left = [ref for ref in left if ref is not None]
+        if not left:
+            return
+        for ref in left:
+            machines.kill(ref)
+        for ref in left:
+            machines.wait_gone(ref, timeout_s=2.0)
+    raise LabError(f"processes of namespace {namespace} would not end: {network.pids(namespace)}")
+
+
+# --- status, power, cables, commands --------------------------------------------------------------
+
+
+def read_lab(base: Path, lab: int) -> tuple[LabState, Topology]:
+    """The state and topology of lab `lab`, which must be up (LabError otherwise)."""
+    record = state.read(state.lab_dir(base, lab))
+    if record is None:
+        raise LabError(f"lab {lab} is not up: `lab up` first")
+    return record, from_json(record.topology)
+
+
+def status(base: Path, lab: int) -> LabStatus:
+    record, topology = read_lab(base, lab)
+    rows = []
+    for machine in topology.machines:
+        entry = record.machines.get(machine.name, MachineState())
+        alive = entry.pid1 is not None and entry.pid1.alive()
+        power = state.POWER_ON if alive else state.POWER_OFF
+        if not alive and entry.power == state.POWER_ON and entry.pid1 is not None:
+            power = "off (PID 1 ended)"
+        rows.append(
+            MachineStatus(
+                name=machine.name,
+                provider=machine.provider,
+                site=machine.site,
+                block=machine.block,
+                gpus=f"{machine.spec['gpu_count']} x {machine.spec['gpu_model']}",
+                address=machine.address,
+                gate=machine.gate,
+                gate_port=record.gate_port,
+                power=power,
+                plugged=entry.plugged,
+                host_key=entry.host_key,
+                pid1=entry.pid1.pid if alive else None,
+            )
+        )
+    directory = state.lab_dir(base, lab)
+    return LabStatus(
+        lab=lab,
+        status=record.status,
+        scale=record.scale,
+        login_user=record.login_user,
+        key_path=directory / KEY_NAME,
+        shared=machines.shared_dir(directory),
+        machines=tuple(rows),
+    )
+
+
+def labs(base: Path) -> list[int]:
+    """The labs with a folder under `base`."""
+    if not Path(base).is_dir():
+        return []
+    found = [p.name[3:] for p in Path(base).iterdir() if p.name.startswith("lab") and p.name[3:].isdigit()]
+    return sorted(int(n) for n in found)
+
+
+def _machine(base: Path, lab: int, name: str):
+    record, topology = read_lab(base, lab)
+    try:
+        machine = topology.machine(name)
+    except TopologyError as exc:
+        raise LabError(str(exc)) from None
+    return record, topology, machine, record.machines[name]
+
+
+def power_off(base: Path, lab: int, name: str, say: Say = print) -> None:
+    """Cut `name`'s power: SIGKILL its PID 1, which ends every process of the machine."""
+    _require()
+    with _locked(lab):
+        record, _topology, _machine_, entry = _machine(base, lab, name)
+        if entry.pid1 is None or not entry.pid1.alive():
+            say(f"{name} is already off")
+        else:
+            machines.power_off(entry.pid1, entry.launcher)
+            say(f"{name} is off: PID 1 (host PID {entry.pid1.pid}) and every process of the machine ended")
+        entry.power, entry.pid1, entry.launcher = state.POWER_OFF, None, None
+        state.write(state.lab_dir(base, lab), record)
+
+
+def power_on(base: Path, lab: int, name: str, say: Say = print) -> None:
+    """Boot `name` again: a new PID 1 (its sshd, with the same host key and disk)."""
+    _require()
+    with _locked(lab):
+        record, topology, _machine_, entry = _machine(base, lab, name)
+        if entry.pid1 is not None and entry.pid1.alive():
+            say(f"{name} is already on")
+            return
+        machines.power_off(None, entry.launcher)
+        _boot(state.lab_dir(base, lab), record, topology, [name])
+        say(f"{name} is on: sshd is its PID 1 (host PID {record.machines[name].pid1.pid})")
+
+
+def set_plugged(base: Path, lab: int, name: str, plugged: bool, say: Say = print) -> None:
+    """Plug or unplug `name`'s cable (its link to its provider's bridge)."""
+    _require()
+    with _locked(lab):
+        record, _topology, machine, entry = _machine(base, lab, name)
+        network.set_plugged(lab, machine, plugged)
+        entry.plugged = plugged
+        state.write(state.lab_dir(base, lab), record)
+    say(f"{name} is {'plugged in' if plugged else 'unplugged: its link is down'}")
+
+
+def command_in(base: Path, lab: int, name: str, argv: list[str], user: str | None = None) -> list[str]:
+    """The command line that runs `argv` inside machine `name` (as root, or as `user`), as its console
+    would; the machine must be on."""
+    _record, _topology, _machine_, entry = _machine(base, lab, name)
+    if entry.pid1 is None or not entry.pid1.alive():
+        raise LabError(f"{name} is off: `lab power-on {name}` first")
+    return machines.enter_command(entry.pid1, argv, user)
+
+
+def run_in(
+    base: Path, lab: int, name: str, argv: list[str], user: str | None = None, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess:
+    """`argv` run inside machine `name`, its output captured."""
+    command = command_in(base, lab, name, argv, user)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)

@@ -1,0 +1,78 @@
+"""The lab's declared topology (pure; no root): the default lab, addresses, gates and link rates."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from inventory.lab.topology import TopologyError, build, default_topology
+
+
+def test_default_lab_has_two_providers_with_blocks_of_two():
+    lab = build(1, default_topology())
+
+    assert [(m.name, m.provider, m.block) for m in lab.machines] == [
+        ("nw-01", "northwind", "iad1-ndr/r1"),
+        ("nw-02", "northwind", "iad1-ndr/r1"),
+        ("nw-03", "northwind", "iad1-ndr/r2"),
+        ("nw-04", "northwind", "iad1-ndr/r2"),
+        ("he-01", "helios", "ord1-roce/r1"),
+        ("he-02", "helios", "ord1-roce/r1"),
+        ("he-03", "helios", "ord1-roce/r2"),
+        ("he-04", "helios", "ord1-roce/r2"),
+    ]
+    assert [(p.name, p.network, p.gateway) for p in lab.providers] == [
+        ("northwind", "10.77.1.0/24", "10.77.1.1"),
+        ("helios", "10.77.2.0/24", "10.77.2.1"),
+    ]
+    assert [m.address for m in lab.machines[:2]] == ["10.77.1.11", "10.77.1.12"]
+    assert lab.machine("he-01").address == "10.77.2.11"
+    assert (lab.machine("he-04").spec["gpu_model"], lab.machine("he-04").spec["gpu_count"]) == ("RTX 4090", 8)
+
+
+def test_gates_are_loopback_addresses_apart_from_local_hosts():
+    lab = build(7, default_topology(3))
+
+    gates = [ipaddress.ip_address(m.gate) for m in lab.machines]
+    assert [str(g) for g in gates] == ["127.77.7.1", "127.77.7.2", "127.77.7.3"]
+    assert all(g.is_loopback and g not in ipaddress.ip_network("127.0.0.0/16") for g in gates)
+    assert all(ipaddress.ip_address(m.address).is_private for m in lab.machines)
+
+
+def test_links_run_at_the_finest_shared_levels_rate_times_the_scale():
+    lab = build(1, default_topology())
+    nw1, nw2, nw3, he1 = (lab.machine(n) for n in ("nw-01", "nw-02", "nw-03", "he-01"))
+
+    assert [lab.level(nw1, other) for other in (nw2, nw3, he1)] == ["block", "fabric", "region"]
+    assert lab.rate_bytes(nw1, nw2, 0.001) == 400_000_000  # NDR 400 GB/s per host
+    assert lab.rate_bytes(nw1, nw3, 0.001) == 200_000_000  # oversubscribed 2:1 between blocks
+    assert lab.rate_bytes(nw1, he1, 0.001) == 1_250_000  # WAN within a region
+
+
+def test_each_machine_gets_its_declared_gpus_and_its_fabrics_nics():
+    nics = lambda model, count, kind: [{"name": f"{kind}_{i}"} for i in range(2)]  # noqa: E731
+    lab = build(1, default_topology(5), default_nics=nics)
+
+    spec = lab.machine("he-01").spec
+    assert (spec["gpu_model"], spec["gpu_count"], spec["seed"]) == ("L40S", 4, "lab-he-01")
+    assert spec["nics"] == [{"name": "roce_0"}, {"name": "roce_1"}]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t["machines"].append(dict(t["machines"][0])), "machine names must be unique: nw-01"),
+        (lambda t: t["machines"][0].update(fabric="nope"), "fabric 'nope' is not declared"),
+        (lambda t: t["machines"][0].update(name="NW_01"), "lower-case letters"),
+        (lambda t: t["machines"][0].update(gpu_count=0), "declare gpu_model"),
+        (lambda t: t["fabrics"]["iad1-ndr"].update(kind="token-ring"), "kind 'token-ring' is not one of"),
+        (lambda t: t["machines"].clear(), "declares no machines"),
+    ],
+)
+def test_a_topology_the_lab_cannot_build_is_refused_saying_what_to_change(change, message):
+    declared = default_topology(2, providers=1)
+    change(declared)
+
+    with pytest.raises(TopologyError, match=message):
+        build(1, declared)
