@@ -22,7 +22,7 @@ class IllegalTransition(DomainError):
     def __init__(self, obj: models.Model, current: str, target: str):
         self.obj, self.current, self.target = obj, current, target
         label = obj._meta.verbose_name
-        super().__init__(f"{label} {obj.pk} cannot go from {current} to {target}.")
+        super().__init__(f"{label} {obj.pk} cannot go from {current} to {target}. It is {current}.")
 
 
 def allowed_from(table: Mapping[str, Mapping[str, str]], target: str) -> set[str]:
