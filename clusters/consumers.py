@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from clusters import live, services
+from clusters import live
 from clusters.live_views import overview_snapshot
+from clusters.models import Cluster
 from voltweb import realtime
 from voltweb.consumers import VoltConsumer
 
@@ -22,11 +23,11 @@ class ClusterConsumer(VoltConsumer):
         return f"cluster-{self.cluster_id}"
 
     def snapshot(self, user) -> dict | None:
-        cluster = services.visible_clusters(user).filter(pk=self.cluster_id).first()
+        cluster = Cluster.objects.visible_to(user).filter(pk=self.cluster_id).first()
         return live.snapshot(cluster) if cluster is not None else None
 
     def allowed(self, user) -> bool:
-        return services.visible_clusters(user).filter(pk=self.cluster_id).exists()
+        return Cluster.objects.visible_to(user).filter(pk=self.cluster_id).exists()
 
     async def receive_json(self, content, **kwargs):
         """`{"kind": "snapshot"}` asks for a fresh snapshot (a client that fell behind catches up)."""

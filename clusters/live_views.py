@@ -9,9 +9,9 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters import bandwidth_watch, services
+from clusters import bandwidth_watch
 from clusters.choices import ClusterStatus, Verdict
-from clusters.models import ClusterNode, NodeHealth
+from clusters.models import Cluster, ClusterNode, NodeHealth
 from inventory import services as inventory
 from inventory.choices import HostState
 
@@ -22,7 +22,7 @@ _VERDICT_RANK = {Verdict.OK: 0, Verdict.WARNING: 1, Verdict.FAILED: 2}
 @require_POST
 def cluster_probe(request, pk):
     """Queue a bandwidth probe (the page's button; answers 202 JSON to fetch, else redirects back)."""
-    cluster = get_object_or_404(services.visible_clusters(request.user), pk=pk)
+    cluster = get_object_or_404(Cluster.objects.visible_to(request.user), pk=pk)
     try:
         bandwidth_watch.request_probe(cluster, request.user)
         ok, text = True, "Bandwidth probe queued; the chart gains a point when it is done."
@@ -36,7 +36,7 @@ def cluster_probe(request, pk):
 
 def overview_counts(user) -> dict:
     """Healthy/degraded clusters of the user's teams, failed/warning nodes, and visible hosts by state."""
-    clusters = services.visible_clusters(user)
+    clusters = Cluster.objects.visible_to(user)
     by_status = dict(clusters.values_list("status").annotate(n=Count("id")).order_by())
     nodes = NodeHealth.objects.filter(node__cluster__in=clusters.filter(status__in=[ClusterStatus.READY,
                                                                                      ClusterStatus.DEGRADED]))  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from clusters.choices import (
@@ -19,6 +20,48 @@ from clusters.choices import (
 from clusters.placement.bandwidth import format_gbps
 from inventory.models import GPU, Host
 from voltweb.models import Team
+from voltweb.services import teams_of
+
+
+class ClusterQuerySet(models.QuerySet):
+    def visible_to(self, user) -> ClusterQuerySet:
+        """Clusters of the caller's teams (platform admins: all). Another team's cluster is a 404."""
+        return self.filter(team__in=teams_of(user))
+
+    def queued(self) -> ClusterQuerySet:
+        """Queued clusters in placement order: priority first, then first come first served."""
+        return self.filter(status=ClusterStatus.QUEUED).order_by(
+            models.F("priority").desc(), "queued_at", "id"
+        )
+
+    def with_queue_position(self) -> ClusterQuerySet:
+        """Annotate `queue_position` (1-based; None when not queued) in the same query: a list of
+        queued clusters costs no query per row. Counts every team's queued clusters ahead."""
+        ahead = (
+            Cluster.objects.filter(status=ClusterStatus.QUEUED)
+            .filter(
+                models.Q(priority__gt=models.OuterRef("priority"))
+                | models.Q(priority=models.OuterRef("priority"), queued_at__lt=models.OuterRef("queued_at"))
+                | models.Q(
+                    priority=models.OuterRef("priority"),
+                    queued_at=models.OuterRef("queued_at"),
+                    id__lt=models.OuterRef("id"),
+                )
+            )
+            .order_by()
+            .annotate(n=models.Func(models.F("id"), function="COUNT"))
+            .values("n")
+        )
+        return self.annotate(
+            queue_position=models.Case(
+                models.When(
+                    status=ClusterStatus.QUEUED,
+                    then=Coalesce(models.Subquery(ahead), 0) + 1,
+                ),
+                default=None,
+                output_field=models.IntegerField(null=True),
+            )
+        )
 
 
 class Cluster(models.Model):
@@ -97,6 +140,8 @@ class Cluster(models.Model):
         default=RecoveryPolicy.REPLACE,
         help_text="No replacement for a failed node: wait for one, or shrink to the survivors.",
     )
+
+    objects = ClusterQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -14,7 +14,7 @@ import time
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from clusters import (
@@ -47,11 +47,6 @@ DRAIN_BUDGET_S = 60.0  # one queue drain tries clusters this long (drain_queue_t
 
 
 # --- visibility --------------------------------------------------------------------------------------
-
-
-def visible_clusters(user: AbstractBaseUser) -> QuerySet[Cluster]:
-    """Clusters of the caller's teams (platform admins: all). Another team's cluster is a 404."""
-    return Cluster.objects.filter(team__in=accounts.teams_of(user))
 
 
 def request_cluster(team: Team, user: AbstractBaseUser, spec: dict) -> Cluster:
@@ -299,19 +294,16 @@ def finish_termination(cluster: Cluster) -> Cluster:
 
 def queued() -> QuerySet[Cluster]:
     """Queued clusters in placement order: priority first, then first come first served."""
-    return Cluster.objects.filter(status=S.QUEUED).order_by(F("priority").desc(), "queued_at", "id")
+    return Cluster.objects.queued()
 
 
 def queue_position(cluster: Cluster) -> int | None:
-    """1-based position in the queue, or None when not queued."""
+    """1-based position in the queue, or None when not queued (annotated by lists: no query then)."""
     if cluster.status != S.QUEUED:
         return None
-    ahead = queued().filter(priority__gt=cluster.priority).count()
-    ahead += queued().filter(priority=cluster.priority, queued_at__lt=cluster.queued_at).count()
-    ahead += (
-        queued().filter(priority=cluster.priority, queued_at=cluster.queued_at, id__lt=cluster.pk).count()
-    )
-    return ahead + 1
+    if hasattr(cluster, "queue_position"):
+        return cluster.queue_position
+    return Cluster.objects.with_queue_position().values_list("queue_position", flat=True).get(pk=cluster.pk)
 
 
 def drain_queue(budget_s: float = DRAIN_BUDGET_S) -> int:

@@ -12,6 +12,7 @@ from clusters import drills, planning, provision, recovery, services
 from clusters.api.serializers import ClusterSpecSerializer
 from clusters.choices import ClusterStatus
 from clusters.forms import ClusterForm
+from clusters.models import Cluster
 from clusters.probes import allreduce
 from inventory import services as inventory
 from inventory.choices import DriverKind
@@ -21,7 +22,7 @@ from voltweb.statemachine import IllegalTransition
 
 @login_required
 def cluster_list(request):
-    clusters = services.visible_clusters(request.user).select_related("team", "created_by")
+    clusters = Cluster.objects.visible_to(request.user).select_related("team", "created_by")
     status = request.GET.get("status")
     if status:
         clusters = clusters.filter(status=status)
@@ -123,7 +124,7 @@ def _topology(plan: dict | None, nodes: list[dict] | None = None) -> list[dict]:
 
 @login_required
 def cluster_detail(request, pk):
-    cluster = get_object_or_404(services.visible_clusters(request.user).select_related("team"), pk=pk)
+    cluster = get_object_or_404(Cluster.objects.visible_to(request.user).select_related("team"), pk=pk)
     context = {
         "cluster": cluster,
         "events": cluster.events.all(),
@@ -175,7 +176,7 @@ def _recovery_context(user, cluster) -> dict:
 @require_POST
 def cluster_drill(request, pk):
     """Run (or clear) a fault drill from the cluster page's form (admins; audited on the timeline)."""
-    cluster = get_object_or_404(services.visible_clusters(request.user).select_related("team"), pk=pk)
+    cluster = get_object_or_404(Cluster.objects.visible_to(request.user).select_related("team"), pk=pk)
     if not drills.may_run_drills(request.user, cluster):
         raise PermissionDenied("Only platform admins and the admins of the cluster's team run drills.")
     try:
@@ -219,7 +220,7 @@ def _probe_hosts(cluster) -> list[dict]:
 @login_required
 @require_POST
 def cluster_terminate(request, pk):
-    cluster = get_object_or_404(services.visible_clusters(request.user), pk=pk)
+    cluster = get_object_or_404(Cluster.objects.visible_to(request.user), pk=pk)
     try:
         cluster = services.terminate_cluster(cluster, request.user)
         if cluster.status == ClusterStatus.TERMINATING:

@@ -76,6 +76,7 @@ from inventory.models import (
 )
 from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
 from voltweb import crypto, realtime
+from voltweb.celery import app
 from voltweb.services import is_platform_admin, is_team_admin
 from voltweb.taskutils import enqueue_on_commit
 
@@ -530,8 +531,6 @@ def capacity_changed() -> None:
 
     By task name: the clusters app depends on the inventory, not the other way round.
     """
-    from voltweb.celery import app
-
     def send() -> None:
         try:
             app.send_task("clusters.tasks.drain_queue_task", queue="placement")

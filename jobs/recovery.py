@@ -85,8 +85,11 @@ class JobsRecovery:
 def gpu_hours_lost(job: Job) -> float:
     """GPU-hours this job lost to failures, over every recovery of its cluster that resumed it."""
     total = 0.0
-    for jobs in Recovery.objects.filter(cluster_id=job.cluster_id).values_list("jobs", flat=True):
-        total += sum(entry.get("gpu_hours_lost") or 0 for entry in jobs if entry.get("job") == job.pk)
+    # `job.cluster.recoveries` is prefetched by lists (one query for the page, not one per job).
+    for recovery in job.cluster.recoveries.all():
+        total += sum(
+            entry.get("gpu_hours_lost") or 0 for entry in recovery.jobs if entry.get("job") == job.pk
+        )
     return round(total, 4)
 
 

@@ -15,7 +15,6 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from clusters import services as clusters
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster
 from jobs import onray, stopping, transitions
@@ -85,8 +84,8 @@ DEMO_ENTRYPOINT = demo_entrypoint()
 
 
 def visible_jobs(user: AbstractBaseUser) -> QuerySet[Job]:
-    """Jobs on the clusters the caller sees (clusters.services.visible_clusters): another team's is a 404."""
-    return Job.objects.filter(cluster__in=clusters.visible_clusters(user))
+    """Jobs on the clusters the caller sees (Cluster.objects.visible_to): another team's is a 404."""
+    return Job.objects.filter(cluster__in=Cluster.objects.visible_to(user))
 
 
 # --- submit ------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters import services as clusters
+from clusters.models import Cluster
 from jobs import services
 from jobs.api.serializers import JobSubmitSerializer
 from jobs.api.views import submit_from
@@ -30,7 +30,9 @@ def job_list(request):
 
 @login_required
 def job_new(request, cluster_id):
-    cluster = get_object_or_404(clusters.visible_clusters(request.user).select_related("team"), pk=cluster_id)
+    cluster = get_object_or_404(
+        Cluster.objects.visible_to(request.user).select_related("team"), pk=cluster_id
+    )
     try:
         services.check_may_submit(cluster, request.user)
     except services.SubmitRefused as exc:

@@ -8,7 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
-from clusters import drills, recovery, services
+from clusters import drills, recovery
 from clusters.api.serializers import ClusterSerializer
 from clusters.choices import RecoveryPolicy
 from clusters.models import Cluster
@@ -111,7 +111,7 @@ class ClusterRecoveryViewSet(viewsets.GenericViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Cluster.objects.none()
-        return services.visible_clusters(self.request.user)
+        return Cluster.objects.visible_to(self.request.user)
 
     @extend_schema(responses={200: RecoveryRecordSerializer(many=True), **ERRORS})
     @action(detail=True, methods=["get"])

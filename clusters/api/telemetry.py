@@ -10,7 +10,7 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import bandwidth_watch, metrics, services
+from clusters import bandwidth_watch, metrics
 from clusters.api.serializers import ClusterSerializer
 from clusters.choices import MetricSeries
 from clusters.models import Cluster
@@ -66,7 +66,7 @@ class ClusterTelemetryViewSet(viewsets.GenericViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Cluster.objects.none()
-        return services.visible_clusters(self.request.user)
+        return Cluster.objects.visible_to(self.request.user)
 
     @extend_schema(
         parameters=[MetricsQuerySerializer],

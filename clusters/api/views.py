@@ -28,7 +28,8 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         if getattr(self, "swagger_fake_view", False):
             return Cluster.objects.none()
         return (
-            services.visible_clusters(self.request.user)
+            Cluster.objects.visible_to(self.request.user)
+            .with_queue_position()
             .select_related("team", "created_by")
             .prefetch_related("nodes__host__site", "nodes__host__block", "nodes__host__provider")
         )
@@ -82,7 +83,7 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses={200: s.ClusterEventSerializer(many=True)})
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
-        page = self.paginate_queryset(self.get_object().events.all())
+        page = self.paginate_queryset(self.get_object().events.select_related("actor"))
         return self.get_paginated_response(s.ClusterEventSerializer(page, many=True).data)
 
 

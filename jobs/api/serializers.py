@@ -1,6 +1,5 @@
 from rest_framework import serializers
 
-from clusters import services as clusters
 from clusters.models import Cluster
 from jobs import recovery, services
 from jobs.models import Checkpoint, Job, JobEvent
@@ -12,7 +11,7 @@ class JobSubmitSerializer(serializers.Serializer):
     as multipart form data). JSON bodies take no file."""
 
     cluster = ScopedIdField(
-        scope=clusters.visible_clusters, noun="cluster", queryset=Cluster.objects.all(),
+        scope=Cluster.objects.visible_to, noun="cluster", queryset=Cluster.objects.all(),
         help_text="Id of one of your teams' READY clusters.",
     )  # fmt: skip
     name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")

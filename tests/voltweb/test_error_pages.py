@@ -3,7 +3,7 @@
 import pytest
 from django.core.exceptions import PermissionDenied
 
-from clusters import views as cluster_views
+from clusters.models import ClusterQuerySet
 
 pytestmark = pytest.mark.django_db
 
@@ -37,7 +37,7 @@ def test_a_forbidden_action_shows_the_console_403(client, alice, debug, monkeypa
     def refuse(request):
         raise PermissionDenied
 
-    monkeypatch.setattr(cluster_views.services, "visible_clusters", lambda user: refuse(None))
+    monkeypatch.setattr(ClusterQuerySet, "visible_to", lambda self, user: refuse(None))
     client.force_login(alice)
     assert_console_page(client.get("/clusters/"), 403, "You may not do this")
 
@@ -48,7 +48,7 @@ def test_a_crash_shows_the_console_500_and_logs_the_traceback(client, alice, set
     def crash(user):
         raise RuntimeError("boom in the view")
 
-    monkeypatch.setattr(cluster_views.services, "visible_clusters", crash)
+    monkeypatch.setattr(ClusterQuerySet, "visible_to", lambda self, user: crash(user))
     client.force_login(alice)
     assert_console_page(client.get("/clusters/"), 500, "Something went wrong on our side")
     assert any("boom in the view" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
