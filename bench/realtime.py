@@ -192,9 +192,9 @@ def sweep_cost(cluster_counts: list[int], hosts: int = 10) -> dict:
 
     from django.contrib.auth import get_user_model
 
-    from clusters import watch
     from clusters.choices import ClusterStatus
     from clusters.models import Cluster, ClusterNode
+    from clusters.telemetry import watch
     from inventory import services
     from inventory.choices import DriverKind, FabricKind
     from voltweb.models import Team

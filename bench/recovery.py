@@ -98,8 +98,9 @@ class Driver:
     def run_job(self, job, until, timeout_s: float = 900, fault_at=None):
         """Start (and restart after a resubmission) and poll `job` until `until(job)`; sweeps and recovers
         the cluster meanwhile. Returns the job and the times seen (monotonic)."""
-        from clusters import recovery, watch
+        from clusters import recovery
         from clusters.models import Cluster
+        from clusters.telemetry import watch
         from jobs import services as jobs
         from jobs.models import Job
 

@@ -59,7 +59,7 @@ class ModelPolicy(models.TextChoices):
     ORDERED = "ordered", "Ordered (first that fits)"
 
 
-# Statuses the cluster watch sweeps (clusters/watch.py): the cluster holds running Ray nodes.
+# Statuses the cluster watch sweeps (clusters/telemetry/watch.py): the cluster holds running Ray nodes.
 WATCHED = {S.READY, S.DEGRADED}
 
 
@@ -91,7 +91,7 @@ class MetricSource(models.TextChoices):
 
 class BandwidthSource(models.TextChoices):
     """Who measured a BandwidthSample: Volt's probe on a cluster, or the provider (nccl-tests output it
-    uploaded for its own hosts, clusters/measurements.py)."""
+    uploaded for its own hosts, clusters/telemetry/measurements.py)."""
 
     PROBE = "probe", "measured by Volt"
     PROVIDER = "provider", "measured by the provider"

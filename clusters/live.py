@@ -1,5 +1,5 @@
 """What the cluster page draws: one snapshot (on websocket connect and on first render) of status,
-node health, bandwidth and GPU series and the timeline. Events after it extend it (clusters/watch.py).
+node health, bandwidth and GPU series and the timeline. Events after it extend it (clusters/telemetry/watch.py).
 """
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from clusters import metrics, recovery
+from clusters import recovery
 from clusters.choices import LIVE, MetricSeries
 from clusters.models import Cluster, MetricMinute, MetricSample, NodeHealth
 from clusters.provision import active_nodes
-from clusters.watch import node_health_payload
+from clusters.telemetry import metrics
+from clusters.telemetry.watch import node_health_payload
 
 BANDWIDTH_WINDOW = timedelta(days=1)
 GPU_WINDOW = timedelta(minutes=15)

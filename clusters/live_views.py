@@ -9,9 +9,9 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters import bandwidth_watch
 from clusters.choices import ClusterStatus, Verdict
 from clusters.models import Cluster, ClusterNode, NodeHealth
+from clusters.telemetry import bandwidth_watch
 from inventory import services as inventory
 from inventory.choices import HostState
 

@@ -126,7 +126,7 @@ class Cluster(models.Model):
     slow_hosts_replaced = models.PositiveIntegerField(
         default=0, help_text="Hosts replaced before READY for being the probe's slowest."
     )
-    # Telemetry (clusters/watch.py, clusters/bandwidth_watch.py).
+    # Telemetry (clusters/telemetry/watch.py, clusters/telemetry/bandwidth_watch.py).
     probe_interval_min = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -242,7 +242,7 @@ class BandwidthSample(models.Model):
     spanned, in that domain. Placement applies it as an efficiency (measured / declared) of that domain.
 
     `source` provider: nccl-tests output a provider (or a platform admin) uploaded for a set of hosts
-    (clusters.measurements); level "host" for one machine's GPUs. Placement uses such a figure only for a
+    (clusters.telemetry.measurements); level "host" for one machine's GPUs. Placement uses such a figure only for a
     block or fabric (a provider's own domains), where Volt measured nothing itself, and never above
     `predicted_gbps` (what Volt predicted for those hosts when it was uploaded)."""
 
@@ -277,7 +277,7 @@ class BandwidthSample(models.Model):
         return f"{self.level}:{self.domain_id} {format_gbps(self.busbw_gbps)} GB/s"
 
 
-# --- telemetry (clusters/watch.py, clusters/metrics.py) ----------------------------------------------
+# --- telemetry (clusters/telemetry/watch.py, clusters/telemetry/metrics.py) ----------------------------------------------
 
 
 class NodeHealth(models.Model):

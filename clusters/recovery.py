@@ -47,10 +47,11 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from clusters import allocations, provision, ray_head, transitions
+from clusters import allocations, provision, transitions
 from clusters.choices import RECOVERY_OPEN, ClusterStatus, FailureReason, RecoveryPolicy, Verdict
 from clusters.choices import RecoveryStatus as R
 from clusters.models import Cluster, ClusterNode, NodeHealth, Recovery
+from clusters.telemetry import ray_head
 from voltweb import realtime
 from voltweb.statemachine import IllegalTransition
 from voltweb.taskutils import enqueue_on_commit

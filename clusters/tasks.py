@@ -1,8 +1,9 @@
 """Thin Celery tasks for clusters: load by id, call a service."""
 
-from clusters import bandwidth_watch, metrics, provision, recovery, services, watch
+from clusters import provision, recovery, services
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster
+from clusters.telemetry import bandwidth_watch, metrics, watch
 from voltweb.taskutils import volt_task
 
 
@@ -51,7 +52,7 @@ def reap_cluster_leftovers() -> dict:
     return services.reap_cluster_leftovers()
 
 
-# --- telemetry (clusters/watch.py, clusters/metrics.py, clusters/bandwidth_watch.py) -----------------
+# --- telemetry (clusters/telemetry/watch.py, clusters/telemetry/metrics.py, clusters/telemetry/bandwidth_watch.py) -----------------
 
 
 @volt_task("monitoring", soft_time_limit=20, time_limit=30)

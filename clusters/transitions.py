@@ -42,7 +42,7 @@ CLUSTER_TRANSITIONS: dict[str, dict[str, str]] = {
         S.FAILED: "verification failed",
     },
     S.READY: {
-        # The cluster watch (clusters/watch.py): a node failed its health rules or the head stopped answering.
+        # The cluster watch (clusters/telemetry/watch.py): a node failed its health rules or the head stopped answering.
         S.DEGRADED: "a node failed",
         S.TERMINATING: "terminate requested",
     },

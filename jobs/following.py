@@ -17,9 +17,9 @@ from django.db.models import F
 from django.db.models.functions import Length
 from django.utils import timezone
 
-from clusters import metrics
 from clusters import services as clusters
 from clusters.choices import ClusterStatus, MetricSource
+from clusters.telemetry import metrics
 from clusters.tenancy import (
     as_node_user,
     node_temp_dir,

@@ -22,7 +22,7 @@ from django.utils import timezone
 from clusters.choices import ClusterStatus
 from clusters.models import BandwidthSample, Cluster, ClusterEvent, ClusterNode, NodeHealth, Recovery
 from inventory import services as inventory
-from inventory.choices import FabricKind, HostEventKind, HostState
+from inventory.choices import FabricKind, HostEventKind
 from inventory.models import HostEvent
 from jobs.choices import JobStatus
 from jobs.models import Checkpoint, Job, JobEvent

@@ -276,7 +276,7 @@ VOLT_SSH_CONNECT_TIMEOUT_S = env_float("VOLT_SSH_CONNECT_TIMEOUT_S", 10.0, minim
 VOLT_SSH_KNOWN_HOSTS = env_str("VOLT_SSH_KNOWN_HOSTS", "")
 VOLT_GPU_MAX_TEMP_C = env_int("VOLT_GPU_MAX_TEMP_C", 90, minimum=40)
 VOLT_HEARTBEAT_STALE_S = env_int("VOLT_HEARTBEAT_STALE_S", 300, minimum=10)
-# Provisioning (clusters/provision.py).
+# Provisioning (clusters/provision.py, clusters/provisioning/).
 VOLT_PROVISION_ATTEMPTS = env_int("VOLT_PROVISION_ATTEMPTS", 3, minimum=1)
 VOLT_AUTO_PROVISION = env_bool("VOLT_AUTO_PROVISION", True)  # off: clusters stop at PROVISIONING
 VOLT_PROVISION_STALE_S = env_int("VOLT_PROVISION_STALE_S", 300, minimum=10)
@@ -337,7 +337,7 @@ VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
 VOLT_LOCAL_RUNTIME = env_str("VOLT_LOCAL_RUNTIME", "")
 # The system interpreter the runtime is built from (empty: /usr/bin/python<x.y>, /usr/local/bin/...).
 VOLT_LOCAL_RUNTIME_BASE_PYTHON = env_str("VOLT_LOCAL_RUNTIME_BASE_PYTHON", "")
-# Telemetry (clusters/watch.py, clusters/metrics.py, clusters/bandwidth_watch.py).
+# Telemetry (clusters/telemetry/watch.py, clusters/telemetry/metrics.py, clusters/telemetry/bandwidth_watch.py).
 VOLT_WATCH_INTERVAL_S = env_float("VOLT_WATCH_INTERVAL_S", 5.0, minimum=1.0, maximum=3600.0)
 VOLT_WATCH_HOST_TIMEOUT_S = env_float("VOLT_WATCH_HOST_TIMEOUT_S", 4.0, minimum=0.5, maximum=600.0)
 VOLT_GPU_WARN_TEMP_C = env_int("VOLT_GPU_WARN_TEMP_C", 85, minimum=30)

@@ -6,8 +6,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
-from clusters import measurements
 from clusters.models import BandwidthSample
+from clusters.telemetry import measurements
 from voltweb.api.errors import ErrorResponseSerializer, ServiceError
 
 ERRORS = {code: ErrorResponseSerializer for code in (400, 401, 403)}

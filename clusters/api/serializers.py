@@ -116,7 +116,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "failure_message",
             "connection", "probe_result", "plan", "nodes", "created_at", "queued_at", "placed_at", "ready_at",
             "ended_at",
-            "bandwidth_alert", "last_probe_at", "probe_interval_min",  # telemetry (clusters/bandwidth_watch.py)
+            "bandwidth_alert", "last_probe_at", "probe_interval_min",  # telemetry (clusters/telemetry/bandwidth_watch.py)
             "recovery_policy", "recovery",  # clusters/recovery.py
         ]  # fmt: skip
         read_only_fields = fields

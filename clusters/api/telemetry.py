@@ -10,10 +10,10 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import bandwidth_watch, metrics
 from clusters.api.serializers import ClusterSerializer
 from clusters.choices import MetricSeries
 from clusters.models import Cluster
+from clusters.telemetry import bandwidth_watch, metrics
 from voltweb.api.errors import ErrorResponseSerializer
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 404: ErrorResponseSerializer}

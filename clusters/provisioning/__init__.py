@@ -1,6 +1,11 @@
-"""Provisioning building blocks: start, find and stop the Ray nodes of a cluster through host drivers.
+"""Provisioning: from allocated GPUs to a verified Ray cluster, and back (clusters/provision.py is the
+task body and the face of this folder for other modules).
 
-Pure Python (no Django import): functions take `HostDriver`s and plain values.
+Building blocks, pure Python (no Django import; functions take `HostDriver`s and plain values):
+`ray_nodes` (start, find and stop a cluster's Ray nodes), `ray_http` (the one client of a head's HTTP
+API), `node_users` and `node_firewall` (a cluster's Unix user and its closed ports on a host).
+Operations on a cluster's rows, one floor each (pyproject's layers contract): `nodes` (bring them up),
+`ending` (teardown, fail), `replacement` (failed or slow hosts), `verification` (the probe, READY).
 """
 
 from .ray_nodes import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django import template
 
-from clusters import measurements
+from clusters.telemetry import measurements
 
 register = template.Library()
 

@@ -203,8 +203,9 @@ def test_a_terminated_cluster_shows_what_it_recorded_and_no_probe_button(client,
 
     from django.utils import timezone
 
-    from clusters import live, metrics
+    from clusters import live
     from clusters.models import NodeHealth
+    from clusters.telemetry import metrics
 
     client.force_login(alice)
     with committed():

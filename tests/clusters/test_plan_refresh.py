@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from clusters import planning, provision, services
+from clusters import placement, planning, provision, services
 from clusters.models import Cluster, ClusterNode
 from inventory import services as inventory
 from inventory.choices import FabricKind
@@ -50,7 +50,7 @@ def test_a_node_moved_to_another_block_moves_the_plan_and_the_prediction(
     assert [n["host_id"] for n in cluster.plan["nodes"]] == sorted([cluster.nodes.get(is_head=True).host_id,
                                                                    h2.pk])  # fmt: skip
     # A fresh cluster on the same two hosts is predicted the same.
-    fresh = provision.placement.plan_for_nodes(
+    fresh = placement.plan_for_nodes(
         planning.to_request(cluster.spec),
         [(s, tuple(range(8))) for s in planning.snapshots_by_id([h0.pk, h2.pk]).values()],
         str(h0.pk), 0.0,

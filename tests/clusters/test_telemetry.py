@@ -13,9 +13,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from clusters import bandwidth_watch, health, metrics, provision, transitions
+from clusters import provision, transitions
 from clusters.models import Cluster, MetricMinute, MetricSample
 from clusters.probes import allreduce
+from clusters.telemetry import bandwidth_watch, health, metrics
 from inventory.discovery.types import GpuInfo
 
 from .conftest import spec

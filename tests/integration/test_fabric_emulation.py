@@ -383,7 +383,7 @@ def test_link_degraded_on_a_ready_cluster_is_seen_by_the_live_probe_and_raises_t
 ):
     """The drill of issue 12: a READY cluster's link degraded through the faults API; the next probe from
     the console (bandwidth_watch, the on-demand probe) measures it and the cluster carries the alert."""
-    from clusters import bandwidth_watch
+    from clusters.telemetry import bandwidth_watch
 
     add_host("h0", "a1", 2), add_host("h1", "a1", 3)
     client = client_for(alice)

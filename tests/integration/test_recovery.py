@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from clusters import drills, provision, recovery, services, watch
+from clusters import drills, provision, recovery, services
 from clusters.models import Allocation, Cluster, Recovery
 from clusters.provision import ray_cluster_id
 from clusters.provisioning import ray_nodes
+from clusters.telemetry import watch
 from inventory import services as inventory
 from inventory.drivers.local import clear_fault, set_fault
 from inventory.models import Host

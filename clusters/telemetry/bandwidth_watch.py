@@ -19,11 +19,12 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from clusters import metrics, provision, ray_head, transitions
+from clusters import provision, transitions
 from clusters.choices import WATCHED, ClusterStatus, MetricSource
 from clusters.models import Cluster
 from clusters.placement.bandwidth import format_gbps
 from clusters.probes import allreduce
+from clusters.telemetry import metrics, ray_head
 from voltweb import realtime
 from voltweb.domain import DomainError
 from voltweb.taskutils import enqueue, enqueue_on_commit

@@ -26,11 +26,12 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from clusters import health, metrics, ray_head, recovery, transitions
+from clusters import recovery, transitions
 from clusters.choices import WATCHED, ClusterStatus, MetricSeries, Verdict
 from clusters.models import Cluster, ClusterNode, MetricSample, NodeHealth
 from clusters.provision import active_nodes, ray_cluster_id
 from clusters.provisioning import ray_nodes
+from clusters.telemetry import health, metrics, ray_head
 from inventory import services as inventory
 from inventory.discovery.nvidia_smi import parse_query_gpu
 from inventory.discovery.probe import QUERY_COMMAND

@@ -1,0 +1,82 @@
+"""Undoing a cluster on its hosts: stop its Ray processes (and only those), remove its key and, at the
+end, its Unix user; `fail` does that and moves the cluster to FAILED with its GPUs released."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+from django.utils import timezone
+
+from clusters import allocations, drills, tenancy, transitions
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster, ClusterNode
+from clusters.provisioning import ray_nodes
+from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
+    ensure_keys,
+    ray_auth_token,
+    ray_cluster_id,
+    shared_storage_dir,
+)
+from inventory import services as inventory
+from inventory.drivers.base import fan_out
+
+logger = logging.getLogger(__name__)
+S = ClusterStatus
+
+
+def fail(cluster: Cluster, reason: str, message: str) -> Cluster:
+    """FAILED with everything undone: nodes stopped, key removed, GPUs released, its drills' faults and
+    cordons taken back (after the status changed too: a drill that raced it is undone as well)."""
+    drills.clear_drill_faults(cluster)
+    teardown(cluster, final=True)
+    allocations.release(cluster)
+    cluster = transitions.transition(
+        cluster,
+        S.FAILED,
+        message,
+        extra={
+            "failure_reason": reason,
+            "failure_message": message,
+            "ended_at": timezone.now(),
+        },
+    )
+    drills.end_drills(cluster)
+    return cluster
+
+
+def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final: bool = False) -> list[str]:
+    """Stop this cluster's Ray processes (and only those) and remove its key, on every host it used.
+
+    `final` (the cluster is done: terminated or failed) also removes its Unix user, with whatever
+    still runs as it, its nodes' temp dirs, and gives its shared storage back to root.
+    """
+    nodes = nodes if nodes is not None else list(cluster.nodes.select_related("host__provider"))
+    hosts = {node.host_id: node.host for node in nodes}
+    drivers = [inventory.driver_for(host) for host in hosts.values()]
+    problems = []
+    try:
+        results = fan_out(drivers, lambda d: _stop_on_host(d, cluster))
+    finally:
+        for driver in drivers:
+            driver.close()
+    for host, result in zip(hosts.values(), results, strict=True):
+        if isinstance(result, Exception) or result:
+            problems.append(f"{host.name}: {result if isinstance(result, Exception) else f'left {result}'}")
+    if final and cluster.node_user:
+        problems += tenancy.remove_node_user(cluster)
+    if problems:
+        logger.warning("teardown of cluster %s incomplete: %s", cluster.pk, "; ".join(problems))
+    return problems
+
+
+def _stop_on_host(driver, cluster: Cluster) -> list[int]:
+    left = ray_nodes.stop_node(driver, ray_cluster_id(cluster))
+    if cluster.ssh_public_key:
+        key = shlex.quote(cluster.ssh_public_key)
+        driver.run(
+            f"[ -f ~/.ssh/authorized_keys ] && grep -vxF {key} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt; "
+            "[ -f ~/.ssh/.ak.volt ] && cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt; true",
+            timeout=20,
+        )
+    return left

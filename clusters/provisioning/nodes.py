@@ -1,0 +1,302 @@
+"""Bringing a cluster's nodes up: prepare every host, start the Ray head and workers, wait until the head
+reports every node ALIVE (clusters/provision.py runs it; recovery re-uses it for replacement nodes).
+
+A host that cannot be prepared, or whose node does not start or join, raises HostsFailed naming it: the
+caller replaces it (provisioning/replacement.py). Every step is idempotent (`ray_nodes.start_*` return a
+node that already runs), so a redelivered task carries on where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from clusters import tenancy, transitions
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster, ClusterNode
+from clusters.provisioning import ray_nodes
+from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
+    ensure_keys,
+    ray_auth_token,
+    ray_cluster_id,
+    shared_storage_dir,
+)
+from inventory import local_runtime
+from inventory import services as inventory
+from inventory.choices import DriverKind
+from inventory.drivers.base import DriverError, fan_out
+from inventory.models import Host
+from voltweb import namespace
+
+logger = logging.getLogger(__name__)
+S = ClusterStatus
+
+
+class HostsFailed(Exception):
+    """Some hosts of the cluster could not be brought up; they are to be replaced."""
+
+    def __init__(self, host_ids, message: str):
+        super().__init__(message)
+        self.host_ids = sorted(set(host_ids))
+
+
+class Abandoned(Exception):
+    """The cluster was terminated (or failed) while this task was bringing it up."""
+
+
+# Statuses in which bringing nodes up is still wanted (RECOVERING: clusters/recovery.py re-uses bring_up).
+BRINGING_UP = (S.PROVISIONING, S.VERIFYING, S.RECOVERING)
+
+
+def still_wanted(cluster: Cluster) -> None:
+    if not Cluster.objects.filter(pk=cluster.pk, status__in=BRINGING_UP).exists():
+        raise Abandoned(cluster.pk)
+
+
+def active_nodes(cluster: Cluster) -> list[ClusterNode]:
+    return list(cluster.nodes.active().select_related("host__provider").order_by("rank"))
+
+
+def bring_up(cluster: Cluster) -> None:
+    """Prepare the hosts, start the head and the workers, wait until all are ALIVE. Raises HostsFailed."""
+    ensure_keys(cluster)
+    nodes = assign_slots(cluster)
+    drivers = [inventory.driver_for(node.host) for node in nodes]
+    try:
+        run_as = _node_user(cluster, nodes, drivers)
+        prepared = fan_out(drivers, lambda d: prepare_host(d, cluster, run_as))
+        _check(nodes, prepared, "could not be prepared")
+        still_wanted(cluster)
+        head_index = next(i for i, node in enumerate(nodes) if node.is_head)
+        head = _start(cluster, nodes[head_index], drivers[head_index], None, run_as)
+        transitions.note(
+            cluster, f"Ray head up on {nodes[head_index].host.name} ({head.gcs_address})", heartbeat=True
+        )
+        still_wanted(cluster)
+        others = [i for i in range(len(nodes)) if i != head_index]
+        started = fan_out(
+            [drivers[i] for i in others],
+            lambda d: _start(cluster, nodes[drivers.index(d)], d, head.gcs_address, run_as),
+        )
+        _check([nodes[i] for i in others], started, "could not start its Ray worker")
+        _wait_alive(cluster, nodes, head)
+    finally:
+        for driver in drivers:
+            driver.close()
+
+
+def _check(nodes: list[ClusterNode], results: list, what: str) -> None:
+    failed = [
+        (node, result) for node, result in zip(nodes, results, strict=True) if isinstance(result, Exception)
+    ]
+    if failed:
+        detail = "; ".join(f"{node.host.name} {what}: {result}" for node, result in failed)
+        raise HostsFailed([node.host_id for node, _ in failed], detail)
+
+
+def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str | None:
+    try:
+        run_as = tenancy.ensure_node_user(cluster, nodes, drivers)
+    except DriverError as exc:
+        raise HostsFailed([n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)) from exc
+    local = any(n.host.driver == DriverKind.LOCAL for n in nodes)
+    if local and run_as is None and not cluster.events.filter(message=tenancy.NOT_ISOLATED).exists():
+        transitions.note(cluster, tenancy.NOT_ISOLATED, heartbeat=True)
+    if run_as is not None:
+        try:
+            closed = tenancy.close_volt_ports(cluster)
+        except DriverError as exc:
+            raise HostsFailed(
+                [n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)
+            ) from exc
+        if not closed and not cluster.events.filter(message=tenancy.NOT_FIREWALLED).exists():
+            transitions.note(cluster, tenancy.NOT_FIREWALLED, heartbeat=True)
+    return run_as
+
+
+def _start(
+    cluster: Cluster, node: ClusterNode, driver, head_address: str | None, run_as: str | None
+) -> ray_nodes.NodeHandle:
+    local = node.host.driver == DriverKind.LOCAL
+    options = {
+        "cluster_id": ray_cluster_id(cluster),
+        "ports": ray_nodes.ports_for(node.slot),
+        "num_gpus": len(node.gpu_indices),
+        "gpu_indices": node.gpu_indices,
+        "host_id": node.host_id,
+        "temp_dir": tenancy.node_temp_dir(cluster, node),
+        "python": python_for(node.host),
+        "env": {
+            **node_env(node.host),
+            **_join_patience(head_address),
+            **_health_checks(head_address),
+        },
+        "auth_token": ray_auth_token(cluster),
+        "run_as": run_as if local else None,
+        "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
+    }
+    try:
+        if head_address is None:
+            return ray_nodes.start_head(driver, **options)
+        return ray_nodes.start_worker(driver, head_address=head_address, **options)
+    except (DriverError, ValueError) as exc:
+        if head_address is None:
+            raise HostsFailed(
+                [node.host_id], f"{node.host.name} could not start the Ray head: {exc}"
+            ) from exc
+        raise
+
+
+def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.NodeHandle) -> None:
+    ips = {node.host.address: node for node in nodes}
+    try:
+        ray_nodes.wait_for_nodes(
+            head.dashboard_url,
+            len(nodes),
+            settings.VOLT_NODE_JOIN_TIMEOUT_S,
+            expected_ips=set(ips),
+            poll_s=0.3,
+            auth_token=ray_auth_token(cluster),
+        )
+    except ray_nodes.NodesNotReady as exc:
+        missing = [ips[ip] for ip in exc.missing if ip in ips] or [n for n in nodes if n.is_head]
+        raise HostsFailed(
+            [n.host_id for n in missing],
+            f"{', '.join(n.host.name for n in missing)} did not "
+            f"join within {settings.VOLT_NODE_JOIN_TIMEOUT_S:g} s ({exc})",
+        ) from exc
+    Cluster.objects.filter(pk=cluster.pk).update(
+        ray_address=head.gcs_address,
+        dashboard_url=head.dashboard_url,
+        storage_path=_storage_path(cluster),
+        updated_at=timezone.now(),
+    )
+
+
+def python_for(host: Host) -> str:
+    """The Python a host runs Ray, the probe and job drivers from (DESIGN.md "Host runtime")."""
+    return (
+        local_runtime.python_for_local_hosts()
+        if host.driver == DriverKind.LOCAL
+        else settings.VOLT_HOST_PYTHON
+    )
+
+
+def node_env(host: Host) -> dict[str, str]:
+    # gloo takes its address from the hostname; on local hosts keep it on loopback (DESIGN.md).
+    return {"GLOO_SOCKET_IFNAME": "lo"} if host.driver == DriverKind.LOCAL else {}
+
+
+def _join_patience(head_address: str | None) -> dict[str, str]:
+    """A worker looks for its head in the GCS 20 times 2 s by default, then exits: on a loaded machine a
+    head can take longer to register, so the worker keeps looking as long as Volt waits for it to join."""
+    if head_address is None:
+        return {}
+    return {"RAY_NUM_REDIS_GET_RETRIES": str(max(20, int(settings.VOLT_NODE_JOIN_TIMEOUT_S // 2)))}
+
+
+def _health_checks(head_address: str | None) -> dict[str, str]:
+    """The head's GCS checks its nodes every VOLT_RAY_HEALTH_CHECK_PERIOD_MS (Ray reads RAY_<config>)."""
+    if head_address is not None:
+        return {}
+    return {"RAY_health_check_period_ms": str(settings.VOLT_RAY_HEALTH_CHECK_PERIOD_MS)}
+
+
+def _storage_path(cluster: Cluster) -> str:
+    return f"~/{ray_nodes.workdir_for(ray_cluster_id(cluster))}/storage"
+
+
+def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
+    """Workspace, the cluster's public key authorized, shared storage reachable. Idempotent.
+
+    With `run_as` (local hosts, the cluster's own user) the shared storage belongs to that user.
+    """
+    workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
+    key = shlex.quote(cluster.ssh_public_key)
+    if isinstance(driver, inventory.LocalDriver):
+        shared = shared_storage_dir(cluster)
+        shared.mkdir(parents=True, exist_ok=True)
+        storage = f"ln -sfn {shlex.quote(str(shared))} ~/{workdir}/storage"
+        if run_as:  # the cluster's user alone: another cluster's user must not read its checkpoints
+            storage += f" && chown {run_as}:{run_as} {shlex.quote(str(shared))} && chmod 700 {shlex.quote(str(shared))}"
+    else:
+        storage = f"mkdir -p ~/{workdir}/storage"
+    script = " && ".join(
+        [
+            f"mkdir -p ~/{workdir} ~/.ssh",
+            "chmod 700 ~/.ssh",
+            "touch ~/.ssh/authorized_keys",
+            f"(grep -qxF {key} ~/.ssh/authorized_keys || echo {key} >> ~/.ssh/authorized_keys)",
+            storage,
+        ]
+    )
+    result = driver.run(script, timeout=30)
+    if not result.ok:
+        raise DriverError(
+            f"preparing {driver.address} failed: {(result.stderr or result.stdout).strip()[:300]}"
+        )
+
+
+def assign_slots(cluster: Cluster) -> list[ClusterNode]:
+    """Give every active node a Ray port slot, unique per machine among active nodes (a DB constraint).
+
+    Two clusters provisioned at once may pick the same free slot; the constraint refuses the second
+    and it takes the next one.
+    """
+    nodes = active_nodes(cluster)
+    for node in nodes:
+        if node.slot is None:
+            node.machine = _machine_of(node.host)
+            node.slot = _claim_slot(node)
+    return nodes
+
+
+def _machine_of(host: Host) -> str:
+    """Which machine's ports a node uses: every loopback address is this machine (Ray binds wildcards)."""
+    if host.driver == DriverKind.LOCAL or host.address.startswith("127.") or host.address == "localhost":
+        return "local"
+    return f"host-{host.pk}"
+
+
+def _claim_slot(node: ClusterNode) -> int:
+    refused: set[int] = set()
+    while True:
+        taken = refused | set(
+            ClusterNode.objects.filter(
+                machine=node.machine, released_at__isnull=True, slot__isnull=False
+            ).values_list("slot", flat=True)
+        )
+        start = namespace.first_slot(settings.VOLT_DATA_DIR)  # this install's end of the range first
+        order = [(start + i) % (ray_nodes.MAX_SLOT + 1) for i in range(ray_nodes.MAX_SLOT + 1)]
+        usable = (s for s in order if s not in taken)
+        if node.machine == "local":  # another Volt (a demo, a test run) may use this machine's ports too
+            usable = (s for s in usable if _ports_free(ray_nodes.ports_for(s)))
+        slot = next(usable, None)
+        if slot is None:
+            raise HostsFailed([node.host_id], f"no free Ray port slot on {node.machine}")
+        try:
+            with transaction.atomic():
+                ClusterNode.objects.filter(pk=node.pk).update(machine=node.machine, slot=slot)
+            return slot
+        except IntegrityError:
+            refused.add(slot)
+
+
+def _ports_free(ports: ray_nodes.NodePorts) -> bool:
+    """Whether every fixed port of a slot is free on this machine, on any address (Ray binds wildcards,
+    and a node left over from elsewhere may hold one on its own 127.0.0.N)."""
+    fixed = [port for name, port in vars(ports).items() if name not in ("min_worker", "max_worker")]
+    fixed.append(ports.gcs + ray_nodes.PROBE_PORT_OFFSET)  # the probe's rendezvous, on a head's host
+    for port in fixed:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "held"
+            try:
+                probe.bind(("0.0.0.0", port))  # refused while any address holds the port
+            except OSError:
+                return False
+    return True
