@@ -340,7 +340,8 @@ class Recovery(models.Model):
     """One automatic recovery of a cluster (clusters/recovery.py): what failed, what replaced it, and when.
 
     `phases` is the list of phases with their start and end times ({"phase", "started", "ended"});
-    `jobs` is what the jobs app's hook resumed, one row per job (clusters/recovery.py, "Accounting").
+    each job the jobs app's hook resumed, and what it lost, is a RecoveryJob row (`jobs`: as the API
+    shows them; clusters/recovery.py, "Accounting").
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="recoveries")
@@ -368,7 +369,6 @@ class Recovery(models.Model):
     )
     ended_at = models.DateTimeField(null=True, blank=True)
     phases = models.JSONField(default=list)
-    jobs = models.JSONField(default=list)
     checkpoint_step = models.IntegerField(null=True, blank=True)
     steps_lost = models.IntegerField(null=True, blank=True)
     steps_lost_is_lower_bound = models.BooleanField(
@@ -386,3 +386,61 @@ class Recovery(models.Model):
 
     def __str__(self) -> str:
         return f"recovery of {self.cluster_id} ({self.status}, {self.phase})"
+
+    @property
+    def jobs(self) -> list[dict]:
+        """The jobs it resubmitted, one dict each (prefetch `job_rows` to read many records at once)."""
+        return [row.as_json() for row in self.job_rows.all()]
+
+
+class RecoveryJob(models.Model):
+    """One job a recovery resubmitted, and what it lost: the per-job accounting, a row each.
+
+    `job_id` is the jobs app's Job (an id, not a foreign key: clusters do not depend on jobs).
+    """
+
+    recovery = models.ForeignKey(Recovery, on_delete=models.CASCADE, related_name="job_rows")
+    job_id = models.PositiveBigIntegerField(db_index=True)
+    name = models.CharField(max_length=100, blank=True)
+    attempt = models.PositiveIntegerField(help_text="The attempt the recovery resubmitted.")
+    last_step = models.IntegerField(null=True, blank=True, help_text="The last step the job reached.")
+    checkpoint_step = models.IntegerField(null=True, blank=True)
+    checkpoint_path = models.CharField(max_length=500, blank=True)
+    steps_lost = models.IntegerField(default=0)
+    steps_lost_is_lower_bound = models.BooleanField(default=False)
+    step_s = models.FloatField(null=True, blank=True, help_text="The job's mean step time.")
+    gpus = models.PositiveIntegerField(default=0)
+    resubmitted_at = models.DateTimeField()
+    training_resumed_at = models.DateTimeField(null=True, blank=True)
+    gpu_hours_lost = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["recovery", "job_id", "attempt"], name="recovery_job_attempt_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} of recovery {self.recovery_id}"
+
+    @property
+    def lost_steps_s(self) -> float:
+        return (self.steps_lost or 0) * (self.step_s or 0.0)
+
+    def as_json(self) -> dict:
+        def iso(value):
+            return value.isoformat() if value else None
+
+        resumed_s = None
+        if self.training_resumed_at is not None:
+            resumed_s = round((self.training_resumed_at - self.recovery.detected_at).total_seconds(), 3)
+        return {
+            "job": self.job_id, "name": self.name, "attempt": self.attempt, "last_step": self.last_step,
+            "checkpoint_step": self.checkpoint_step, "checkpoint_path": self.checkpoint_path or None,
+            "steps_lost": self.steps_lost, "steps_lost_is_lower_bound": self.steps_lost_is_lower_bound,
+            "step_s": self.step_s, "gpus": self.gpus, "resubmitted_at": iso(self.resubmitted_at),
+            "training_resumed_at": iso(self.training_resumed_at), "training_resumed_s": resumed_s,
+            "gpu_hours_lost": self.gpu_hours_lost,
+        }  # fmt: skip

@@ -50,7 +50,7 @@ from django.utils import timezone
 from clusters import allocations, provision, transitions
 from clusters.choices import RECOVERY_OPEN, ClusterStatus, FailureReason, RecoveryPolicy, Verdict
 from clusters.choices import RecoveryStatus as R
-from clusters.models import Cluster, ClusterNode, NodeHealth, Recovery
+from clusters.models import Cluster, ClusterNode, NodeHealth, Recovery, RecoveryJob
 from clusters.telemetry import ray_head
 from voltweb import realtime
 from voltweb.statemachine import IllegalTransition
@@ -341,8 +341,8 @@ def _end(cluster: Cluster, recovery: Recovery, status: str, message: str) -> Non
     phase = {R.SUCCEEDED: "done"}.get(status, status)
     phases.append({"phase": phase, "started": now.isoformat(), "ended": now.isoformat()})
     with transaction.atomic():  # training_resumed() may record a job stepping again at the same time
-        fresh = Recovery.objects.select_for_update().only("training_resumed_at", "jobs").get(pk=recovery.pk)
-        recovery.training_resumed_at, recovery.jobs = fresh.training_resumed_at, fresh.jobs
+        fresh = Recovery.objects.select_for_update().only("training_resumed_at").get(pk=recovery.pk)
+        recovery.training_resumed_at = fresh.training_resumed_at
         recovery.ended_at = now
         try:
             transitions.move_recovery(recovery, status, phase=phase, phases=phases, message=message[:2000],
@@ -361,15 +361,11 @@ def _gpus(cluster: Cluster) -> int:
     return int(spec.get("nodes") or 0) * int(spec.get("gpus_per_node") or 0)
 
 
-def _lost_steps_s(row: dict) -> float:
-    return (row.get("steps_lost") or 0) * (row.get("step_s") or 0.0)
-
-
-def _job_gpu_hours(row: dict, detected_at, gpus: int) -> float:
+def _job_gpu_hours(row: RecoveryJob, detected_at, gpus: int) -> float:
     """One job's lost work: GPUs x (detection → it stepped again, or its resubmission; + its lost steps)."""
-    until = row.get("training_resumed_at") or row.get("resubmitted_at")
-    idle_s = max(0.0, (datetime.fromisoformat(until) - detected_at).total_seconds()) if until else 0.0
-    return round(gpus * (idle_s + _lost_steps_s(row)) / 3600, 4)
+    until = row.training_resumed_at or row.resubmitted_at
+    idle_s = max(0.0, (until - detected_at).total_seconds()) if until else 0.0
+    return round(gpus * (idle_s + row.lost_steps_s) / 3600, 4)
 
 
 def _record_gpu_hours(recovery: Recovery, gpus: int) -> float | None:
@@ -378,7 +374,8 @@ def _record_gpu_hours(recovery: Recovery, gpus: int) -> float | None:
     if until is None:
         return None
     idle_s = max(0.0, (until - recovery.detected_at).total_seconds())
-    return round(gpus * (idle_s + sum(_lost_steps_s(row) for row in recovery.jobs)) / 3600, 4)
+    lost_steps_s = sum(row.lost_steps_s for row in RecoveryJob.objects.filter(recovery=recovery))
+    return round(gpus * (idle_s + lost_steps_s) / 3600, 4)
 
 
 def training_resumed(cluster_id: int, job_id: int, attempt: int, at) -> bool:
@@ -386,28 +383,31 @@ def training_resumed(cluster_id: int, job_id: int, attempt: int, at) -> bool:
     clock): recorded on the recovery that resubmitted it, its GPU-hours counted to then. Returns whether a
     recovery took it (a first attempt, or one resubmitted by hand, has none)."""
     with transaction.atomic():
-        candidates = Recovery.objects.filter(cluster_id=cluster_id, job_resubmitted_at__isnull=False)
-        for recovery in candidates.select_for_update().order_by("-detected_at", "-id")[:20]:
-            rows = [dict(row) for row in recovery.jobs]
-            row = next((r for r in rows if r.get("job") == job_id and r.get("attempt") == attempt), None)
-            if row is None:
-                continue
-            if row.get("training_resumed_at"):
-                return True
-            gpus = row.get("gpus") or _gpus(recovery.cluster)
-            row["training_resumed_at"] = at.isoformat()
-            row["training_resumed_s"] = round((at - recovery.detected_at).total_seconds(), 3)
-            row["gpu_hours_lost"] = _job_gpu_hours(row, recovery.detected_at, gpus)
-            recovery.jobs = rows
-            if recovery.training_resumed_at is None or at < recovery.training_resumed_at:
-                recovery.training_resumed_at = at
-            fields = {"jobs": rows, "training_resumed_at": recovery.training_resumed_at}
-            if recovery.ended_at is not None:
-                fields["gpu_hours_lost"] = _record_gpu_hours(recovery, _gpus(recovery.cluster))
-            _set(recovery, **fields)
-            transaction.on_commit(lambda done=recovery: _announce(done.cluster, done))
+        row = (
+            RecoveryJob.objects.filter(
+                recovery__cluster_id=cluster_id, recovery__job_resubmitted_at__isnull=False,
+                job_id=job_id, attempt=attempt,
+            )
+            .order_by("-recovery__detected_at", "-recovery_id")
+            .first()
+        )  # fmt: skip
+        if row is None:
+            return False
+        recovery = Recovery.objects.select_for_update().select_related("cluster").get(pk=row.recovery_id)
+        row = RecoveryJob.objects.select_for_update().get(pk=row.pk)
+        if row.training_resumed_at is not None:
             return True
-    return False
+        row.training_resumed_at = at
+        row.gpu_hours_lost = _job_gpu_hours(row, recovery.detected_at, row.gpus or _gpus(recovery.cluster))
+        row.save(update_fields=["training_resumed_at", "gpu_hours_lost"])
+        if recovery.training_resumed_at is None or at < recovery.training_resumed_at:
+            recovery.training_resumed_at = at
+        fields = {"training_resumed_at": recovery.training_resumed_at}
+        if recovery.ended_at is not None:
+            fields["gpu_hours_lost"] = _record_gpu_hours(recovery, _gpus(recovery.cluster))
+        _set(recovery, **fields)
+        transaction.on_commit(lambda done=recovery: _announce(done.cluster, done))
+        return True
 
 
 def _stop_work(cluster: Cluster, recovery: Recovery) -> None:
@@ -430,14 +430,24 @@ def _resume_work(cluster: Cluster, recovery: Recovery) -> None:
             )
     if resumed:
         gpus = _gpus(cluster)
-        for row in resumed:
-            row["gpus"] = gpus
-            row["gpu_hours_lost"] = _job_gpu_hours(row, recovery.detected_at, gpus)
+        rows = []
+        for entry in resumed:
+            row = RecoveryJob(
+                recovery=recovery, job_id=entry["job"], name=entry.get("name") or "",
+                attempt=entry["attempt"], last_step=entry.get("last_step"),
+                checkpoint_step=entry.get("checkpoint_step"), checkpoint_path=entry.get("checkpoint_path") or "",
+                steps_lost=entry.get("steps_lost") or 0,
+                steps_lost_is_lower_bound=bool(entry.get("steps_lost_is_lower_bound")),
+                step_s=entry.get("step_s"), gpus=gpus,
+                resubmitted_at=datetime.fromisoformat(entry["resubmitted_at"]),
+            )  # fmt: skip
+            row.gpu_hours_lost = _job_gpu_hours(row, recovery.detected_at, gpus)
+            rows.append(row)
+        RecoveryJob.objects.bulk_create(rows, ignore_conflicts=True)  # a re-run of the phase adds none twice
         first = resumed[0]
         _set(
             recovery,
-            jobs=resumed,
-            job_resubmitted_at=min(datetime.fromisoformat(r["resubmitted_at"]) for r in resumed),
+            job_resubmitted_at=min(row.resubmitted_at for row in rows),
             checkpoint_step=first.get("checkpoint_step"),
             steps_lost=first.get("steps_lost"),
             steps_lost_is_lower_bound=bool(first.get("steps_lost_is_lower_bound")),
@@ -522,4 +532,4 @@ def retry_recoveries() -> int:
 
 
 def recoveries(cluster: Cluster):
-    return cluster.recoveries.order_by("-detected_at", "-id")
+    return cluster.recoveries.order_by("-detected_at", "-id").prefetch_related("job_rows")

@@ -22,9 +22,10 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
+from django.db.models import OuterRef, QuerySet, Subquery, Sum
 from django.utils import timezone
 
-from clusters.models import Recovery
+from clusters.models import Recovery, RecoveryJob
 from jobs import services, transitions
 from jobs.choices import JobStatus
 from jobs.models import Job
@@ -83,14 +84,24 @@ class JobsRecovery:
 
 
 def gpu_hours_lost(job: Job) -> float:
-    """GPU-hours this job lost to failures, over every recovery of its cluster that resumed it."""
-    total = 0.0
-    # `job.cluster.recoveries` is prefetched by lists (one query for the page, not one per job).
-    for recovery in job.cluster.recoveries.all():
-        total += sum(
-            entry.get("gpu_hours_lost") or 0 for entry in recovery.jobs if entry.get("job") == job.pk
-        )
-    return round(total, 4)
+    """GPU-hours this job lost to failures, over every recovery that resubmitted it (its RecoveryJob rows)."""
+    if hasattr(job, "recovery_gpu_hours"):  # annotated by lists: with_gpu_hours_lost()
+        total = job.recovery_gpu_hours
+    else:
+        total = RecoveryJob.objects.filter(job_id=job.pk).aggregate(total=Sum("gpu_hours_lost"))["total"]
+    return round(total or 0.0, 4)
+
+
+def with_gpu_hours_lost(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """`jobs` annotated with `recovery_gpu_hours` (what gpu_hours_lost reads) in the same query."""
+    per_job = (
+        RecoveryJob.objects.filter(job_id=OuterRef("pk"))
+        .order_by()
+        .values("job_id")
+        .annotate(total=Sum("gpu_hours_lost"))
+        .values("total")
+    )
+    return jobs.annotate(recovery_gpu_hours=Subquery(per_job))
 
 
 HOOK = JobsRecovery()

@@ -20,7 +20,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from clusters.choices import ClusterStatus
-from clusters.models import BandwidthSample, Cluster, ClusterEvent, ClusterNode, NodeHealth, Recovery
+from clusters.models import (
+    BandwidthSample,
+    Cluster,
+    ClusterEvent,
+    ClusterNode,
+    NodeHealth,
+    Recovery,
+    RecoveryJob,
+)
 from inventory import services as inventory
 from inventory.choices import FabricKind, HostEventKind
 from inventory.models import HostEvent
@@ -99,7 +107,9 @@ class World:
         head = self.cluster.nodes.first()
         ClusterNode.objects.create(cluster=self.cluster, host=host, rank=n, gpu_indices=[1])
         ClusterEvent.objects.create(cluster=self.cluster, message=f"event {n}", actor=self.alice)
-        Recovery.objects.create(cluster=self.cluster, cause=f"node {head.rank} lost", failed_hosts=[])
+        recovery = Recovery.objects.create(
+            cluster=self.cluster, cause=f"node {head.rank} lost", failed_hosts=[]
+        )
         BandwidthSample.objects.create(
             level="block", domain_id=str(self.block.pk), busbw_gbps=40.0 + n, cluster=self.cluster
         )
@@ -113,6 +123,10 @@ class World:
                 status=status,
             )
             self.job = self.job or job
+            RecoveryJob.objects.create(
+                recovery=recovery, job_id=job.pk, attempt=2, steps_lost=3, step_s=0.4, gpus=8,
+                resubmitted_at=now, gpu_hours_lost=0.01,
+            )  # fmt: skip
         JobEvent.objects.create(job=self.job, message=f"event {n}")
         Checkpoint.objects.create(job=self.job, step=n, path=f"ckpt/step-{n}", synchronized=True)
 
@@ -154,11 +168,11 @@ API_LISTS = [
     ("alice", "/api/v1/clusters/", 7),
     ("alice", "/api/v1/clusters/?status=queued", 3),
     ("alice", "/api/v1/clusters/{cluster}/events/", 8),
-    ("alice", "/api/v1/clusters/{cluster}/recoveries/", 3),
+    ("alice", "/api/v1/clusters/{cluster}/recoveries/", 4),
     ("alice", "/api/v1/clusters/{cluster}/drills/", 3),
-    ("alice", "/api/v1/jobs/", 3),
-    ("alice", "/api/v1/jobs/{job}/events/", 4),
-    ("alice", "/api/v1/jobs/{job}/checkpoints/", 4),
+    ("alice", "/api/v1/jobs/", 2),
+    ("alice", "/api/v1/jobs/{job}/events/", 3),
+    ("alice", "/api/v1/jobs/{job}/checkpoints/", 3),
 ]
 
 PAGES = [
@@ -171,7 +185,7 @@ PAGES = [
     ("priya", "/inventory/providers/{provider}/", 13),
     ("alice", "/clusters/", 5),
     ("alice", "/clusters/overview/", 9),
-    ("alice", "/clusters/{cluster}/", 13),
+    ("alice", "/clusters/{cluster}/", 14),
     ("alice", "/jobs/", 5),
     ("alice", "/clusters/{cluster}/jobs/{job}/", 6),
 ]

@@ -6,7 +6,6 @@ import json
 import math
 import shutil
 
-from django.db.models import Prefetch
 from django_filters import rest_framework as filters
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -15,8 +14,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
-from clusters.models import Recovery
 from inventory.filters import IdFilter
+from jobs import recovery as job_recovery
 from jobs import services, workdirs
 from jobs.api import serializers as s
 from jobs.choices import JobStatus
@@ -111,13 +110,8 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Job.objects.none()
-        return (
-            services.visible_jobs(self.request.user)
-            .select_related("cluster", "team", "created_by")
-            .prefetch_related(
-                Prefetch("cluster__recoveries", queryset=Recovery.objects.only("cluster", "jobs"))
-            )
-        )
+        jobs = services.visible_jobs(self.request.user).select_related("cluster", "team", "created_by")
+        return job_recovery.with_gpu_hours_lost(jobs)
 
     @extend_schema(request={"application/json": s.JobSubmitSerializer, "multipart/form-data": s.JobSubmitSerializer},
                    responses={202: s.JobSerializer, **ERRORS})  # fmt: skip
