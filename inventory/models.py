@@ -176,6 +176,12 @@ class Host(models.Model):
     error_code = models.CharField(max_length=30, choices=OnboardingError.choices, blank=True)
     error_message = models.TextField(blank=True)
     discovery = models.JSONField(default=dict, blank=True, help_text="Last discovery result.")
+    system = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='What the host runs, from the last discovery: {"os", "os_id", "kernel", "arch", "pythons": '
+        '[{"path", "version"}], "driver_version", "cuda_version", "user", "privilege": root|sudo|none}.',
+    )
     onboarding_started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)

@@ -483,7 +483,8 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     warnings = onboarding.network_warnings(host, discovery)
     found = onboarding.discovered_injection(host, discovery)
     summary = _discovery_summary(discovery)
-    _event(host, HostEventKind.DISCOVERY, summary)
+    _event(host, HostEventKind.DISCOVERY, f"system: {discovery.system.summary}")
+    _event(host, HostEventKind.DISCOVERY, summary)  # the GPUs' line last: the newest discovery line
     for problem in _gpu_problem_lines(discovery):
         _event(host, HostEventKind.HEALTH, problem)
     for warning in warnings:
@@ -496,6 +497,7 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
         "discovery": discovery.as_json() | {"network_warnings": warnings, "injection_ports": found.ports},
         "discovered_gbytes_per_s": found.gbytes_per_s,
         "pcie_topology": discovery.pcie_topology(),
+        "system": discovery.system.as_json(),
         "error_code": "",
         "error_message": "",
         "last_heartbeat_at": timezone.now(),
@@ -531,6 +533,7 @@ def capacity_changed() -> None:
 
     By task name: the clusters app depends on the inventory, not the other way round.
     """
+
     def send() -> None:
         try:
             app.send_task("clusters.tasks.drain_queue_task", queue="placement")

@@ -226,6 +226,7 @@ class HostDetailSerializer(HostViewSerializer):
             "error_code",
             "error_message",
             "discovery",
+            "system",
             "created_at",
         ]
         read_only_fields = fields

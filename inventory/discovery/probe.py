@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from inventory.discovery.ibstat import parse_ibstat
 from inventory.discovery.network import SYSFS_COMMAND, parse_sysfs_ports, port_counts, with_roce_flags
 from inventory.discovery.nvidia_smi import parse_query_gpu
+from inventory.discovery.system import SYSTEM_COMMAND, HostSystem, parse_system
 from inventory.discovery.topo import parse_topo
 from inventory.discovery.types import QUERY_FIELDS, GpuInfo, IbPort, ParseError, TopoMatrix
 from inventory.drivers.base import DriverError, HostDriver
@@ -50,6 +51,8 @@ class Discovery:
     # From `topo -m` (empty when it could not be read): placement's locality on PCIe-only hosts.
     pcie_switches: tuple[tuple[int, ...], ...] = ()
     numa_nodes: tuple[tuple[int, ...], ...] = ()
+    # OS, kernel, Pythons, driver/CUDA versions, Volt's privilege (discovery/system.py): Host.system.
+    system: HostSystem = field(default_factory=HostSystem)
 
     @property
     def gpu_model(self) -> str:
@@ -107,6 +110,7 @@ def discover(driver: HostDriver, timeout: float = 20.0, max_temp_c: int = 90) ->
     _check_some_gpu_healthy(query.gpus, problems, lost)
     topo = _topology(driver, timeout)
     ports = _ib_ports(driver, timeout)
+    system = host_system(driver, timeout)
     return Discovery(
         gpus=query.gpus,
         nvlink_domains=tuple(tuple(d) for d in topo.nvlink_domains())
@@ -117,8 +121,19 @@ def discover(driver: HostDriver, timeout: float = 20.0, max_temp_c: int = 90) ->
         nics=_nics(topo, ports),
         gpu_problems=problems,
         lost=lost,
+        system=system,
         **_pcie(topo),
     )
+
+
+def host_system(driver: HostDriver, timeout: float) -> HostSystem:
+    """The host's OS, kernel, Pythons, driver and CUDA versions and Volt's privilege there. Never fails
+    onboarding: a host that does not answer the command records no facts (the GPUs were read already)."""
+    try:
+        result = driver.run(SYSTEM_COMMAND, timeout)
+    except DriverError:
+        return HostSystem()
+    return parse_system(result.stdout)
 
 
 def _pcie(topo: TopoMatrix | None) -> dict:

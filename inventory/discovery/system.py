@@ -1,0 +1,135 @@
+"""What a host runs besides its GPUs: OS, kernel, the Pythons on its PATH, the NVIDIA driver and CUDA
+version, and what Volt may do there (root, passwordless sudo, or neither). Pure Python: one shell
+command (SYSTEM_COMMAND, one round trip) and its parser.
+
+Onboarding records these on the host (`Host.system`) so the host runtime can be brought over SSH and
+checked against Volt's pins (issue 25: the runtime a cluster's head, workers and submitter share).
+Nothing here fails onboarding: a fact the host does not print is left empty.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+# Each section starts with a line "@@<name>"; commands that are missing print nothing.
+SYSTEM_COMMAND = "; ".join(
+    [
+        "echo @@os",
+        "cat /etc/os-release 2>/dev/null",
+        "echo @@kernel",
+        "uname -srm 2>/dev/null",
+        "echo @@pythons",
+        "for p in python3 python3.13 python3.12 python3.11 python3.10 python3.9; do"
+        ' w=$(command -v "$p" 2>/dev/null) && echo "$w $("$w" -c'
+        ' \'import sys; print("%d.%d.%d" % sys.version_info[:3])\' 2>/dev/null)"; done',
+        "echo @@smi",
+        "nvidia-smi 2>/dev/null | grep -m1 'Driver Version'",
+        "echo @@user",
+        "id -un 2>/dev/null; id -u 2>/dev/null",
+        "echo @@sudo",
+        "if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then echo yes; else echo no; fi",
+    ]
+)
+
+_DRIVER = re.compile(r"Driver Version:\s*([0-9][0-9.]*)")
+_CUDA = re.compile(r"CUDA Version:\s*([0-9][0-9.]*)")
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class HostSystem:
+    os: str = ""  # PRETTY_NAME of /etc/os-release, e.g. "Ubuntu 22.04.4 LTS"
+    os_id: str = ""  # ID and VERSION_ID, e.g. "ubuntu 22.04"
+    kernel: str = ""  # uname -r
+    arch: str = ""  # uname -m
+    pythons: tuple[tuple[str, str], ...] = ()  # (path, version), each interpreter once
+    driver_version: str = ""
+    cuda_version: str = ""
+    user: str = ""
+    privilege: str = ""  # "root", "sudo" (passwordless) or "none"; "" when unknown
+
+    def as_json(self) -> dict:
+        data = asdict(self)
+        data["pythons"] = [{"path": path, "version": version} for path, version in self.pythons]
+        return data
+
+    @property
+    def summary(self) -> str:
+        """One line for the host's history: "Debian GNU/Linux 12 (bookworm), kernel 6.1.0, Python 3.11.2,
+        driver 550.54.15 (CUDA 12.4), Volt may use sudo"."""
+        parts = [self.os or "unknown OS"]
+        if self.kernel:
+            parts.append(f"kernel {self.kernel}")
+        versions = sorted({version for _, version in self.pythons})
+        parts.append(f"Python {', '.join(versions)}" if versions else "no Python 3")
+        if self.driver_version:
+            cuda = f" (CUDA {self.cuda_version})" if self.cuda_version else ""
+            parts.append(f"driver {self.driver_version}{cuda}")
+        parts.append(
+            {
+                "root": "Volt logs in as root",
+                "sudo": "Volt may use sudo",
+                "none": "no sudo for Volt's user",
+            }.get(self.privilege, "sudo unknown")
+        )
+        return ", ".join(parts)
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("@@"):
+            current = line[2:]
+            sections.setdefault(current, [])
+        elif current is not None and line:
+            sections[current].append(line)
+    return sections
+
+
+def _os_release(lines: list[str]) -> dict[str, str]:
+    values = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            values[key] = value.strip().strip('"').strip("'")
+    return values
+
+
+def parse_system(text: str) -> HostSystem:
+    """The facts SYSTEM_COMMAND printed. Unknown lines are ignored; a missing section leaves its fact empty."""
+    sections = _sections(text)
+    release = _os_release(sections.get("os", []))
+    os_id = " ".join(v for v in (release.get("ID", ""), release.get("VERSION_ID", "")) if v)
+    kernel = arch = ""
+    uname = (sections.get("kernel") or [""])[0].split()
+    if len(uname) >= 3:
+        kernel, arch = uname[1], uname[2]
+    elif len(uname) == 2:
+        kernel = uname[1]
+    pythons, seen = [], set()
+    for line in sections.get("pythons", []):
+        path, _, version = line.partition(" ")
+        if path.startswith("/") and _VERSION.match(version) and path not in seen:
+            seen.add(path)
+            pythons.append((path, version))
+    smi = " ".join(sections.get("smi", []))
+    driver, cuda = _DRIVER.search(smi), _CUDA.search(smi)
+    user_lines = sections.get("user", [])
+    user = user_lines[0] if user_lines else ""
+    uid = user_lines[1] if len(user_lines) > 1 else ""
+    sudo = (sections.get("sudo") or [""])[0]
+    privilege = "root" if uid == "0" else {"yes": "sudo", "no": "none"}.get(sudo, "")
+    return HostSystem(
+        os=release.get("PRETTY_NAME", "") or release.get("NAME", ""),
+        os_id=os_id,
+        kernel=kernel,
+        arch=arch,
+        pythons=tuple(pythons),
+        driver_version=driver.group(1) if driver else "",
+        cuda_version=cuda.group(1) if cuda else "",
+        user=user,
+        privilege=privilege,
+    )

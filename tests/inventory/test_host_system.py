@@ -1,0 +1,102 @@
+"""What a host runs (issue 25 item 2's first step): onboarding records OS, kernel, Pythons, the NVIDIA
+driver and CUDA versions and whether Volt may use sudo, shows them to the host's admins, and never fails
+on a host that prints none of it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.test import Client
+
+from inventory.discovery.system import HostSystem, parse_system
+from inventory.models import HostEvent
+
+UBUNTU = """@@os
+PRETTY_NAME="Ubuntu 22.04.4 LTS"
+NAME="Ubuntu"
+VERSION_ID="22.04"
+VERSION="22.04.4 LTS (Jammy Jellyfish)"
+ID=ubuntu
+ID_LIKE=debian
+@@kernel
+Linux 5.15.0-105-generic x86_64
+@@pythons
+/usr/bin/python3 3.10.12
+/usr/bin/python3.10 3.10.12
+/usr/local/bin/python3.11 3.11.9
+/home/volt/.pyenv/shims/python3.12
+@@smi
+| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4     |
+@@user
+volt
+1001
+@@sudo
+yes
+"""
+
+
+def test_a_real_hosts_facts_are_read_from_one_command():
+    facts = parse_system(UBUNTU)
+    assert (facts.os, facts.os_id, facts.kernel, facts.arch) == (
+        "Ubuntu 22.04.4 LTS",
+        "ubuntu 22.04",
+        "5.15.0-105-generic",
+        "x86_64",
+    )
+    # A pyenv shim with no interpreter behind it prints no version: not a Python.
+    assert facts.pythons == (
+        ("/usr/bin/python3", "3.10.12"),
+        ("/usr/bin/python3.10", "3.10.12"),
+        ("/usr/local/bin/python3.11", "3.11.9"),
+    )
+    assert (facts.driver_version, facts.cuda_version) == ("550.54.15", "12.4")
+    assert (facts.user, facts.privilege) == ("volt", "sudo")
+    assert facts.summary == (
+        "Ubuntu 22.04.4 LTS, kernel 5.15.0-105-generic, Python 3.10.12, 3.11.9, "
+        "driver 550.54.15 (CUDA 12.4), Volt may use sudo"
+    )
+
+
+@pytest.mark.parametrize(
+    ("user", "sudo", "privilege", "words"),
+    [
+        ("root\n0", "no", "root", "Volt logs in as root"),
+        ("volt\n1001", "no", "none", "no sudo for Volt's user"),
+    ],
+)
+def test_root_and_no_sudo_are_told_apart(user, sudo, privilege, words):
+    facts = parse_system(f"@@user\n{user}\n@@sudo\n{sudo}\n")
+    assert facts.privilege == privilege and facts.summary.endswith(words)
+
+
+def test_a_host_that_prints_nothing_has_empty_facts_not_an_error():
+    assert parse_system("") == HostSystem()
+    assert parse_system("bash: uname: command not found\n@@kernel\n") == HostSystem()
+    assert HostSystem().summary == "unknown OS, no Python 3, sudo unknown"
+
+
+@pytest.mark.django_db
+def test_onboarding_records_the_facts_and_shows_them_to_the_hosts_admins_only(
+    northwind, northwind_ib, add_local_host, priya, alice, client_for
+):
+    host = add_local_host(northwind, northwind_ib, "iad1-h100-01")
+
+    system = host.system
+    # The simulated nvidia-smi prints the declared driver; the rest is this machine, read for real.
+    assert (system["driver_version"], system["cuda_version"]) == ("550.54.15", "12.4")
+    assert system["kernel"] == os.uname().release and system["arch"] == os.uname().machine
+    assert system["pythons"] and all(p["version"].startswith("3.") for p in system["pythons"])
+    assert system["privilege"] == ("root" if os.geteuid() == 0 else system["privilege"])
+    line = HostEvent.objects.filter(host=host, message__startswith="system: ").get().message
+    assert "driver 550.54.15 (CUDA 12.4)" in line
+
+    assert client_for(priya).get(f"/api/v1/hosts/{host.pk}/").json()["system"] == system
+    assert "system" not in client_for(alice).get(f"/api/v1/hosts/{host.pk}/").json()
+
+    page = Client()
+    page.force_login(priya)
+    html = page.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    assert 'id="host-system"' in html and "CUDA 12.4" in html and system["kernel"] in html
+    page.force_login(alice)
+    assert 'id="host-system"' not in page.get(f"/inventory/hosts/{host.pk}/").content.decode()
