@@ -133,3 +133,19 @@ def test_checkpoint_rows_name_their_place_as_the_connect_box_names_storage(clien
     row = re.search(r'<table[^>]* id="checkpoints-table".*?</table>', job_page, re.S).group(0)
     assert storage.startswith("~/") and f"{storage}/jobs/{job.pk}/checkpoints/step-00000010" in row
     assert str(host_path) not in job_page
+
+
+def test_without_javascript_the_form_shows_every_fieldset_and_demo_ignores_an_entrypoint(
+    client, alice, ready_cluster
+):
+    """volt.js hides the entrypoint fieldset while the demo is chosen; without it the fieldset shows and a
+    demo submission with an entrypoint typed runs the demo."""
+    client.force_login(alice)
+    url = f"/clusters/{ready_cluster.pk}/jobs/new/"
+    form = client.get(url).content.decode()
+    assert '<fieldset id="custom-fields" data-shown-when="kind=custom">' in form
+    client.post(
+        url, {"kind": "demo", "entrypoint": "python mine.py", "steps": 5, "seed": 0, "checkpoint_every": 5}
+    )
+    job = Job.objects.get()
+    assert job.is_demo and "mine.py" not in job.entrypoint

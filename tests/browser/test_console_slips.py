@@ -1,0 +1,70 @@
+"""Console slips of issue 24 (item 5), checked in Chromium against the real stack: the job form's workload
+radios and the fieldset that only the custom workload uses. Clusters made here are rows in the TERMINATED
+state: nothing is provisioned."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def form_cluster(orm):
+    """A terminated cluster of Demo Lab (alice's team): its job form renders (with a not-ready note)."""
+
+    def make():
+        from clusters.models import Cluster
+        from voltweb.models import Team
+
+        spec = {"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"], "parallelism": "data_parallel"}
+        cluster, _ = Cluster.objects.get_or_create(
+            name="slips-form",
+            defaults={"team": Team.objects.get(slug="demo-lab"), "status": "terminated", "spec": spec,
+                      "gpu_model": "H100"},
+        )  # fmt: skip
+        return cluster.pk
+
+    return orm(make)
+
+
+# The radio's box and its label text's box (a Range over the text: the <label> also wraps the radio).
+RADIO_AND_TEXT = """(radio) => {
+  const label = radio.closest('label');
+  const text = [...label.childNodes].find((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim());
+  const range = document.createRange();
+  range.selectNodeContents(text);
+  const box = (r) => ({left: r.left, right: r.right, middle: (r.top + r.bottom) / 2});
+  return {radio: box(radio.getBoundingClientRect()), text: box(range.getBoundingClientRect())};
+}"""
+
+
+def test_each_workload_radio_sits_on_its_labels_line_before_it(login, form_cluster, screenshot):
+    page = login("alice")
+    page.goto(f"/clusters/{form_cluster}/jobs/new/")
+    for value in ("demo", "custom"):
+        boxes = page.locator(f"input[name=kind][value={value}]").evaluate(RADIO_AND_TEXT)
+        radio, text = boxes["radio"], boxes["text"]
+        assert abs(radio["middle"] - text["middle"]) < 6, (
+            f"{value}: radio and label text on different lines {boxes}"
+        )
+        assert radio["right"] <= text["left"], f"{value}: the radio is not before its label {boxes}"
+    screenshot(page, "slips-job-form-demo")
+
+
+def test_entrypoint_fieldset_shows_only_for_the_custom_workload(login, form_cluster, screenshot):
+    page = login("alice")
+    page.goto(f"/clusters/{form_cluster}/jobs/new/")
+    custom = page.locator("#custom-fields")
+    expect(page.locator("input[name=kind][value=demo]")).to_be_checked()
+    expect(custom).to_be_hidden()
+    expect(page.locator("#demo-fields")).to_be_visible()
+
+    page.check("input[name=kind][value=custom]")
+    expect(custom).to_be_visible()
+    expect(page.locator("#id_entrypoint")).to_be_editable()
+    screenshot(page, "slips-job-form-custom")
+
+    page.check("input[name=kind][value=demo]")
+    expect(custom).to_be_hidden()
