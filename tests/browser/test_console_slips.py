@@ -1,6 +1,6 @@
 """Console slips of issue 24 (item 5), checked in Chromium against the real stack: the job form's workload
-radios and the fieldset that only the custom workload uses. Clusters made here are rows in the TERMINATED
-state: nothing is provisioned."""
+radios and the fieldset that only the custom workload uses; the cluster request page's preview before its
+button on a phone. Clusters made here are rows in the TERMINATED state: nothing is provisioned."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import pytest
 from playwright.sync_api import expect
 
 pytestmark = pytest.mark.browser
+
+NARROW = {"width": 375, "height": 740}
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +70,38 @@ def test_entrypoint_fieldset_shows_only_for_the_custom_workload(login, form_clus
 
     page.check("input[name=kind][value=demo]")
     expect(custom).to_be_hidden()
+
+
+def test_narrow_cluster_request_shows_the_preview_before_the_request_button(browser, live_stack, screenshot):
+    context = browser.new_context(base_url=live_stack.url, viewport=NARROW)
+    context.set_default_timeout(20_000)
+    try:
+        page = context.new_page()
+        page.goto("/login/")
+        page.fill("#id_username", "alice")
+        page.fill("#id_password", "volt-demo")
+        page.click("button[type=submit]")
+        page.goto("/clusters/new/")
+        # The preview loads with the form (2 x 8 H100 by default): a placement, with its facts.
+        expect(page.locator("#preview .facts")).to_be_visible(timeout=15_000)
+        preview = page.locator(".preview-panel").bounding_box()
+        button = page.get_by_role("button", name="Request cluster").bounding_box()
+        assert preview["y"] + preview["height"] <= button["y"], f"preview {preview}, button {button}"
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the page scrolls sideways by {overflow} px"
+        screenshot(page, "slips-cluster-request-narrow")
+    finally:
+        context.close()
+
+
+def test_wide_cluster_request_keeps_the_preview_beside_the_form(login, screenshot):
+    page = login("alice")
+    page.goto("/clusters/new/")
+    expect(page.locator("#preview .facts")).to_be_visible(timeout=15_000)
+    form = page.locator("#cluster-form").bounding_box()
+    preview = page.locator(".preview-panel").bounding_box()
+    button = page.get_by_role("button", name="Request cluster").bounding_box()
+    assert preview["x"] >= form["x"] + form["width"], f"form {form}, preview {preview}"
+    assert abs(preview["y"] - form["y"]) < 2, f"form {form}, preview {preview}"
+    assert button["x"] < preview["x"], f"the button left the form's column: {button}"
+    screenshot(page, "slips-cluster-request-wide")
