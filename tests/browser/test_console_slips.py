@@ -105,3 +105,47 @@ def test_wide_cluster_request_keeps_the_preview_beside_the_form(login, screensho
     assert abs(preview["y"] - form["y"]) < 2, f"form {form}, preview {preview}"
     assert button["x"] < preview["x"], f"the button left the form's column: {button}"
     screenshot(page, "slips-cluster-request-wide")
+
+
+def _job_with_a_checkpoint_on_local_storage() -> tuple[int, int, dict]:
+    """A finished job of alice's team with one checkpoint row as a local-host scan records it, and the live
+    event's payload for it."""
+    from django.contrib.auth import get_user_model
+
+    from clusters.models import Cluster
+    from clusters.tenancy import shared_storage_dir
+    from jobs import services
+    from jobs.models import Checkpoint, Job
+    from voltweb.models import Team
+
+    alice = get_user_model().objects.get(username="alice")
+    cluster = Cluster.objects.create(
+        team=Team.objects.get(slug="demo-lab"), created_by=alice, name="slips-ckpt", status="terminated",
+        spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]},
+    )  # fmt: skip
+    job = Job.objects.create(cluster=cluster, team=cluster.team, created_by=alice, entrypoint="python t.py",
+                             status="succeeded", name="slips-ckpt")  # fmt: skip
+    path = shared_storage_dir(cluster) / "jobs" / str(job.pk) / "checkpoints" / "step-00000010"
+    Checkpoint.objects.create(job=job, step=10, path=str(path), synchronized=True, size_bytes=2048)
+    return cluster.pk, job.pk, services.checkpoint_payload(job.checkpoints.get())
+
+
+def test_live_checkpoint_rows_keep_the_location_the_page_drew(login, orm, live_stack, screenshot):
+    """The job page's checkpoint table, redrawn from the cluster's websocket, names the place as the page
+    (and the cluster's connect box) does: under ~/volt/clusters/…/storage, not this machine's folder."""
+    from tests.browser.test_job_live import _push
+
+    cluster_id, job_id, checkpoint = orm(_job_with_a_checkpoint_on_local_storage)
+    page = login("alice")
+    page.goto(f"/clusters/{cluster_id}/jobs/{job_id}/")
+    cell = page.locator("#checkpoints-table tbody td:nth-child(6)")
+    expect(cell).to_have_text(checkpoint["location"])
+    expect(page.locator("#job-connection")).to_have_text("live", timeout=15_000)
+    event = {"kind": "job_checkpoints", "job": job_id, "checkpoints": [{**checkpoint, "size_bytes": 4096}]}
+    orm(_push, live_stack.redis_url, f"cluster-{cluster_id}", event)
+    expect(page.locator("#checkpoints-table tbody td:nth-child(4)")).to_have_text("4.0 KB")
+    expect(cell).to_have_text(checkpoint["location"])
+    assert (
+        checkpoint["location"].startswith("~/volt/clusters/") and checkpoint["path"] != checkpoint["location"]
+    )
+    screenshot(page, "slips-job-checkpoints")
