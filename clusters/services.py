@@ -168,6 +168,7 @@ def connection_details(cluster: Cluster, viewer: AbstractBaseUser | None = None)
     token = cluster_ray_token(cluster) if viewer is not None and is_team_member(viewer, cluster) else None
     shown = token or "<the cluster's Ray token: shown to its team on the cluster's page>"
     head = next((n for n in cluster.nodes.all() if n.is_head and n.released_at is None), None)
+    storage = tenancy.storage_location(cluster)
     ssh = None
     if head is not None and head.host.driver == "ssh":
         user = head.host.ssh_user or "root"
@@ -177,7 +178,7 @@ def connection_details(cluster: Cluster, viewer: AbstractBaseUser | None = None)
         "dashboard_url": cluster.dashboard_url,
         "job_submission_address": cluster.dashboard_url,
         "ssh_command": ssh,
-        "storage_path": cluster.storage_path,
+        "storage_path": storage,
         "ssh_key_url": f"/api/v1/clusters/{cluster.pk}/ssh-key/",
         "ray_auth_token": token,
         "snippet": (
@@ -188,7 +189,7 @@ def connection_details(cluster: Cluster, viewer: AbstractBaseUser | None = None)
             f'client = JobSubmissionClient("{cluster.dashboard_url}", '
             f'headers={{"Authorization": "Bearer {shown}"}})\n'
             f'client.submit_job(entrypoint="python train.py", runtime_env={{"working_dir": "."}})\n'
-            f"# checkpoints: write them under {cluster.storage_path} (shared by every node)"
+            f"# checkpoints: write them under {storage} (shared by every node)"
         ),
     }
 

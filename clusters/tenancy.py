@@ -23,7 +23,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from clusters.models import Cluster, ClusterNode
-from clusters.provisioning import node_firewall, node_users
+from clusters.provisioning import node_firewall, node_users, ray_nodes
 from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind
@@ -209,6 +209,14 @@ def node_user_prefix(cluster: Cluster, host) -> str:
 def node_temp_dir(cluster: Cluster, node: ClusterNode) -> str:
     """Ray's temp dir of one node (short: its socket paths must fit in 107 bytes)."""
     return f"{namespace.ray_temp_root(settings.VOLT_DATA_DIR)}/{cluster.pk}-{node.slot}"
+
+
+def storage_location(cluster: Cluster, *parts: str | int) -> str:
+    """The cluster's shared storage, or a place in it, as a user on its head node reaches it:
+    `~/volt/clusters/<ray id>/storage[/parts…]`, in the host user's home on every node. The one way the
+    console names it (the connect box, a job's checkpoint rows); on local hosts that path is a link to
+    shared_storage_dir, which is this machine's folder and no user's to type."""
+    return "/".join([f"~/{ray_nodes.workdir_for(ray_cluster_id(cluster))}/storage", *map(str, parts)])
 
 
 def shared_storage_dir(cluster: Cluster) -> Path:

@@ -7,6 +7,7 @@ import json
 import logging
 import shlex
 from datetime import UTC, datetime
+from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from clusters.provisioning import ray_nodes
 from clusters.tenancy import (
     node_user_prefix,
     ray_cluster_id,
+    storage_location,
 )
 from inventory import local_runtime
 from inventory import services as inventory
@@ -103,8 +105,16 @@ def rescan_checkpoints(job: Job) -> list[Checkpoint]:
 
 
 def checkpoint_payload(c: Checkpoint) -> dict:
-    return {"step": c.step, "path": c.path, "size_bytes": c.size_bytes, "synchronized": c.synchronized,
-            "reason": c.reason, "created": c.created.isoformat() if c.created else None}  # fmt: skip
+    return {"step": c.step, "path": c.path, "location": checkpoint_location(c), "size_bytes": c.size_bytes,
+            "synchronized": c.synchronized, "reason": c.reason,
+            "created": c.created.isoformat() if c.created else None}  # fmt: skip
+
+
+def checkpoint_location(c: Checkpoint) -> str:
+    """Where the checkpoint is, named as the cluster's connect box names its storage: `c.path` is the folder
+    the scan found on the head host (on local hosts, this machine's folder behind the storage link)."""
+    job = c.job
+    return storage_location(job.cluster, "jobs", job.pk, "checkpoints", PurePosixPath(c.path).name)
 
 
 def latest_synchronized_checkpoint(job: Job) -> Checkpoint | None:

@@ -12,6 +12,7 @@ from clusters.tenancy import (
     ray_auth_token,
     ray_cluster_id,
     shared_storage_dir,
+    storage_location,
 )
 from inventory.choices import DriverKind
 from jobs.choices import JobStatus
@@ -53,7 +54,7 @@ def checkpoint_dir(job: Job) -> str:
     cluster = job.cluster
     if on_local_hosts(cluster):
         return str(shared_storage_dir(cluster) / "jobs" / str(job.pk) / "checkpoints")
-    return f"{cluster.storage_path.replace('~', '${HOME}', 1)}/jobs/{job.pk}/checkpoints"
+    return storage_location(cluster, "jobs", job.pk, "checkpoints").replace("~", "${HOME}", 1)
 
 
 def runtime_env(job: Job) -> dict:

@@ -21,6 +21,7 @@ Web processes only touch the database and Volt's own disk (the working dir); wor
 from __future__ import annotations
 
 from jobs.checkpoints import (  # noqa: F401
+    checkpoint_location,
     checkpoint_payload,
     latest_synchronized_checkpoint,
     rescan_checkpoints,

@@ -66,7 +66,7 @@ def job_detail(request, cluster_id, pk):
     context = {
         "job": job,
         "cluster": job.cluster,
-        "checkpoints": job.checkpoints.order_by("step"),
+        "checkpoints": [(c, services.checkpoint_location(c)) for c in job.checkpoints.order_by("step")],
         "events": job.events.all(),
         "can_stop": job.status in LIVE | WAITING,
         "log_tail": services.LOG_PAGE_MAX,

@@ -173,7 +173,7 @@ def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.Node
     Cluster.objects.filter(pk=cluster.pk).update(
         ray_address=head.gcs_address,
         dashboard_url=head.dashboard_url,
-        storage_path=_storage_path(cluster),
+        storage_path=tenancy.storage_location(cluster),
         updated_at=timezone.now(),
     )
 
@@ -205,10 +205,6 @@ def _health_checks(head_address: str | None) -> dict[str, str]:
     if head_address is not None:
         return {}
     return {"RAY_health_check_period_ms": str(settings.VOLT_RAY_HEALTH_CHECK_PERIOD_MS)}
-
-
-def _storage_path(cluster: Cluster) -> str:
-    return f"~/{ray_nodes.workdir_for(ray_cluster_id(cluster))}/storage"
 
 
 def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:

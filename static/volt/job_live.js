@@ -103,7 +103,7 @@
     if (!rows.length) return;
     body.innerHTML = rows.map((c) => `<tr><td class="num">${c.step}</td><td>${c.synchronized ? '<span class="state state-ready">yes</span>' : '<span class="state state-failed">no</span>'}</td>` +
       `<td>${esc(c.reason) || "—"}</td><td class="num">${(c.size_bytes / 1024).toFixed(1)} KB</td>` +
-      `<td>${voltWhen(c.created, "time") || "—"}</td><td class="mono small">${esc(c.path)}</td></tr>`).join("");
+      `<td>${voltWhen(c.created, "time") || "—"}</td><td class="mono small">${esc(c.location || c.path)}</td></tr>`).join("");
     body.dataset.synchronized = String(rows.filter((c) => c.synchronized).length);
   }
 

@@ -31,3 +31,25 @@ function scheduleRefresh() {
 }
 document.addEventListener("DOMContentLoaded", scheduleRefresh);
 document.addEventListener("htmx:afterSettle", scheduleRefresh);
+
+// <fieldset data-shown-when="kind=custom"> is shown only while its form's `kind` choice is "custom"; hidden,
+// it is disabled too, so what it holds (an upload) is not sent for a choice that ignores it. Without
+// JavaScript every fieldset shows and the server ignores what the chosen kind does not use.
+function showChosenFieldsets(form) {
+  for (const fieldset of form.querySelectorAll("[data-shown-when]")) {
+    const [name, value] = fieldset.dataset.shownWhen.split("=");
+    const chosen = form.querySelector(`[name="${name}"]:checked`);
+    const shown = !chosen || chosen.value === value;
+    fieldset.hidden = !shown;
+    fieldset.disabled = !shown;
+  }
+}
+document.addEventListener("DOMContentLoaded", () => {
+  for (const form of document.querySelectorAll("form")) {
+    if (form.querySelector("[data-shown-when]")) showChosenFieldsets(form);
+  }
+});
+document.addEventListener("change", (event) => {
+  const form = event.target.form;
+  if (form && form.querySelector("[data-shown-when]")) showChosenFieldsets(form);
+});

@@ -105,3 +105,47 @@ def test_the_whole_log_downloads_as_a_file_for_the_team_only(client, alice, bob,
     assert b"".join(response.streaming_content).decode() == "".join(lines)
     client.force_login(bob)  # another team's
     assert client.get(f"/clusters/{ready_cluster.pk}/jobs/{job.pk}/log.txt").status_code == 404
+
+
+def test_checkpoint_rows_name_their_place_as_the_connect_box_names_storage(client, alice, team_a):
+    """The job page's checkpoint location is under the path the cluster's connect box gives for shared
+    storage, not this machine's folder behind it (a local-host scan records /var/…/shared-storage/…)."""
+    import re
+
+    from clusters.tenancy import ray_cluster_id, shared_storage_dir
+    from jobs.models import Checkpoint
+
+    cluster = Cluster.objects.create(
+        team=team_a, created_by=alice, name="a1", status="ready", spec={"nodes": 1, "gpus_per_node": 1},
+        ray_address="127.0.0.9:2", dashboard_url="http://127.0.0.9:1",
+    )  # fmt: skip
+    Cluster.objects.filter(pk=cluster.pk).update(
+        storage_path=f"~/volt/clusters/{ray_cluster_id(cluster)}/storage"
+    )
+    job = services.submit_job(cluster, alice, "python t.py")
+    host_path = shared_storage_dir(cluster) / "jobs" / str(job.pk) / "checkpoints" / "step-00000010"
+    Checkpoint.objects.create(job=job, step=10, path=str(host_path), synchronized=True)
+    client.force_login(alice)
+
+    cluster_page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    storage = re.search(r'Shared storage</span><span class="mono">([^<]+)</span>', cluster_page).group(1)
+    job_page = client.get(f"/clusters/{cluster.pk}/jobs/{job.pk}/").content.decode()
+    row = re.search(r'<table[^>]* id="checkpoints-table".*?</table>', job_page, re.S).group(0)
+    assert storage.startswith("~/") and f"{storage}/jobs/{job.pk}/checkpoints/step-00000010" in row
+    assert str(host_path) not in job_page
+
+
+def test_without_javascript_the_form_shows_every_fieldset_and_demo_ignores_an_entrypoint(
+    client, alice, ready_cluster
+):
+    """volt.js hides the entrypoint fieldset while the demo is chosen; without it the fieldset shows and a
+    demo submission with an entrypoint typed runs the demo."""
+    client.force_login(alice)
+    url = f"/clusters/{ready_cluster.pk}/jobs/new/"
+    form = client.get(url).content.decode()
+    assert '<fieldset id="custom-fields" data-shown-when="kind=custom">' in form
+    client.post(
+        url, {"kind": "demo", "entrypoint": "python mine.py", "steps": 5, "seed": 0, "checkpoint_every": 5}
+    )
+    job = Job.objects.get()
+    assert job.is_demo and "mine.py" not in job.entrypoint
