@@ -197,19 +197,18 @@ def _url(world: World, url: str) -> str:
     )
 
 
+def queries_for_few_and_many_rows(world: World, read, who: str, url: str) -> tuple[int, int]:
+    world.grow(3)
+    few = read(getattr(world, who), _url(world, url))
+    world.grow(MORE)
+    return few, read(getattr(world, who), _url(world, url))
+
+
 @pytest.mark.parametrize("who, url, pinned", API_LISTS, ids=[u for _, u, _ in API_LISTS])
 def test_api_list_runs_the_same_queries_for_3_rows_as_for_15(world, who, url, pinned):
-    world.grow(3)
-    few = api_queries(getattr(world, who), _url(world, url))
-    world.grow(MORE)
-    many = api_queries(getattr(world, who), _url(world, url))
-    assert (few, many) == (pinned, pinned)
+    assert queries_for_few_and_many_rows(world, api_queries, who, url) == (pinned, pinned)
 
 
 @pytest.mark.parametrize("who, url, pinned", PAGES, ids=[u for _, u, _ in PAGES])
 def test_list_page_runs_the_same_queries_for_3_rows_as_for_15(world, who, url, pinned):
-    world.grow(3)
-    few = page_queries(getattr(world, who), _url(world, url))
-    world.grow(MORE)
-    many = page_queries(getattr(world, who), _url(world, url))
-    assert (few, many) == (pinned, pinned)
+    assert queries_for_few_and_many_rows(world, page_queries, who, url) == (pinned, pinned)

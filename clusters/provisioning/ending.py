@@ -12,12 +12,7 @@ from clusters import allocations, drills, tenancy, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
-from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
-    ensure_keys,
-    ray_auth_token,
-    ray_cluster_id,
-    shared_storage_dir,
-)
+from clusters.tenancy import ray_cluster_id
 from inventory import services as inventory
 from inventory.drivers.base import fan_out
 

@@ -20,7 +20,7 @@ from clusters import tenancy, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
-from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
+from clusters.tenancy import (
     ensure_keys,
     ray_auth_token,
     ray_cluster_id,

@@ -14,12 +14,6 @@ from clusters.models import Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
 from clusters.provisioning.ending import teardown
 from clusters.provisioning.nodes import active_nodes
-from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
-    ensure_keys,
-    ray_auth_token,
-    ray_cluster_id,
-    shared_storage_dir,
-)
 from inventory import services as inventory
 from inventory.choices import HostState
 from inventory.models import Host

@@ -22,12 +22,7 @@ from clusters.provisioning.ending import fail
 from clusters.provisioning.nodes import active_nodes, node_env, python_for, still_wanted
 from clusters.provisioning.replacement import NoReplacement, replace_hosts
 from clusters.telemetry import metrics
-from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-exported for callers
-    ensure_keys,
-    ray_auth_token,
-    ray_cluster_id,
-    shared_storage_dir,
-)
+from clusters.tenancy import ray_cluster_id
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
