@@ -10,7 +10,9 @@ address send the pair's packets there. Nothing else is classified: traffic to or
 
 Source addresses: a socket that connects to 127.0.0.N unbound leaves from 127.0.0.1, so every process
 of a local host runs with `bindsrc.so` preloaded (inventory/drivers/bindsrc.c), which binds such
-sockets to the host's own address first, as a real host's connections leave from its own address.
+sockets to the host's own address first, as a real host's connections leave from its own address; it also
+shows `lo`'s 127.0.0.1 as the host's address to getifaddrs(), so a program that listens on "the address of
+interface lo" (gloo and NCCL with *_SOCKET_IFNAME=lo, as Volt sets for local hosts) listens on the host's own.
 
 Several installs (a demo, test runs, other checkouts) share one machine and one `lo`. They share one
 root HTB qdisc (`1:`, unclassified traffic goes straight through); each install claims a *slot*

@@ -6,10 +6,17 @@
  * connect unbound. This shim binds such a socket to $VOLT_HOST_ADDRESS (port 0) just before
  * connect() when the destination is another 127.x address that is not 127.0.0.1: traffic to
  * 127.0.0.1 (PostgreSQL, Redis, the web server) is left exactly as it was. IPv4 and v4-mapped IPv6.
+ *
+ * A real host's interface also carries its own address. `lo` carries 127.0.0.1 first, so a program
+ * that picks its listening address by interface (gloo with GLOO_SOCKET_IFNAME=lo, NCCL) listened on
+ * 127.0.0.1 and its peers' traffic to it passed unshaped: a job's all-reduce ran at loopback speed while
+ * the probe, which binds the host's address itself, measured the shaped link (issue 23). getifaddrs()
+ * therefore reports `lo`'s 127.0.0.1 as $VOLT_HOST_ADDRESS.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -65,4 +72,22 @@ int connect(int fd, const struct sockaddr *to, socklen_t length) {
     if (real_connect == NULL) real_connect = (connect_fn)dlsym(RTLD_NEXT, "connect");
     if (to != NULL) bind_own_address(fd, to);
     return real_connect(fd, to, length);
+}
+
+typedef int (*getifaddrs_fn)(struct ifaddrs **);
+
+int getifaddrs(struct ifaddrs **list) {
+    static getifaddrs_fn real_getifaddrs;
+    if (real_getifaddrs == NULL) real_getifaddrs = (getifaddrs_fn)dlsym(RTLD_NEXT, "getifaddrs");
+    int result = real_getifaddrs(list);
+    const char *text = getenv("VOLT_HOST_ADDRESS");
+    struct in_addr me;
+    if (result != 0 || text == NULL || inet_pton(AF_INET, text, &me) != 1 || !other_loopback(me.s_addr))
+        return result;
+    for (struct ifaddrs *entry = *list; entry != NULL; entry = entry->ifa_next) {
+        if (entry->ifa_addr == NULL || entry->ifa_addr->sa_family != AF_INET) continue;
+        struct sockaddr_in *own = (struct sockaddr_in *)entry->ifa_addr;
+        if (ntohl(own->sin_addr.s_addr) == 0x7f000001u) own->sin_addr = me;
+    }
+    return result;
 }

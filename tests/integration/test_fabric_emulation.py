@@ -403,3 +403,43 @@ def test_link_degraded_on_a_ready_cluster_is_seen_by_the_live_probe_and_raises_t
     assert row.measured_busbw_gbps == pytest.approx(BLOCK_GBPS / 4, rel=0.35), result
     assert "of the predicted" in row.bandwidth_alert, row.bandwidth_alert
     terminate(client, committed, cluster["id"])
+
+
+def test_a_job_s_own_all_reduce_samples_agree_with_the_probe_on_its_shaped_link(
+    emulated, alice, add_host, client_for, committed
+):
+    """Issue 23 item 1: the demo job's busbw events read 0.14-0.48 GB/s on a block shaped to 0.1 GB/s (the
+    probe: 0.0998). Its gloo listened on the address of `lo` (127.0.0.1), which no pair class shapes, so the
+    peers' gradients passed at loopback speed; the shim now shows `lo` with the host's own address."""
+    from clusters.choices import MetricSource
+    from clusters.models import MetricSample
+    from jobs import services as jobs
+
+    add_host("h0", "a1", 2), add_host("h1", "a1", 3)
+    client = client_for(alice)
+    cluster = request(client, committed, nodes=2)
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    probed = cluster["measured_busbw_gbps"]
+    assert probed == pytest.approx(BLOCK_GBPS, rel=0.3)
+    row = Cluster.objects.get(pk=cluster["id"])
+    with committed():
+        job = jobs.submit_job(row, alice, jobs.demo_entrypoint(24, 100, 1, 0.05) + " --busbw-every 2",
+                              working_dir=jobs.WORKLOADS_DIR, checkpoint_every=100, is_demo=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        jobs.poll_job(job.pk)
+        job.refresh_from_db()
+        if job.status in ("succeeded", "failed", "stopped"):
+            break
+        time.sleep(1.0)
+    assert job.status == "succeeded", (job.status, job.status_reason, jobs.read_log(job)["text"][-2000:])
+    samples = sorted(
+        MetricSample.objects.filter(
+            cluster_id=cluster["id"], series="busbw", source=MetricSource.JOB
+        ).values_list("value", flat=True)
+    )
+    assert len(samples) >= 5, samples
+    median = samples[len(samples) // 2]
+    assert 0.7 <= median / probed <= 1.3, (median, probed, samples)
+    assert max(samples) <= BLOCK_GBPS * 1.3, samples  # no sample beats the wire
+    terminate(client, committed, cluster["id"])
