@@ -77,17 +77,21 @@ class LinkEnd:
 
     address: str
     path: tuple[str, str, str, str]  # region, site, fabric, block (ids as text)
-    fabric_gbps: float  # per-host injection bandwidth of its fabric (block level)
+    fabric_gbps: float  # per-host injection bandwidth of its fabric (block level): its ports' where less
     oversubscription: float = 1.0
+    declared_gbps: float | None = None  # the fabric's declared per-host figure (None: fabric_gbps)
     backbone_gbps: float = 12.5
     degraded_pct: float = 100.0  # link_degraded:PCT
     ib_fallback: bool = False
 
     def caps_gbps(self) -> tuple[float, ...]:
         """Cap at each level, finest first: the running minimum of the declared figures (as placement)."""
+        # Across blocks the spine gives each host its declared share (declared / oversubscription), which a
+        # host whose ports give less than declared does not fill: it still sends at its ports' rate.
+        declared = self.fabric_gbps if self.declared_gbps is None else self.declared_gbps
         figures = (
             self.fabric_gbps,
-            self.fabric_gbps / max(self.oversubscription, 1e-9),
+            declared / max(self.oversubscription, 1e-9),
             self.backbone_gbps,
             WAN_SAME_REGION_GBPS,
             WAN_CROSS_REGION_GBPS,

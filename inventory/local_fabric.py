@@ -88,6 +88,7 @@ def _link_end(host: Host) -> fe.LinkEnd:
         path=(host.site.region, str(host.site_id), str(host.fabric_id), str(host.block_id)),
         fabric_gbps=_injection_gbps(host),
         oversubscription=host.fabric.oversubscription,
+        declared_gbps=host.fabric.per_host_gbytes_per_s,
         backbone_gbps=host.site.backbone_gbytes_per_s,
         degraded_pct=degraded,
         ib_fallback=(faults / "ib_fallback").exists(),
@@ -205,6 +206,15 @@ def clear_host_fault(host: Host, fault: str, actor=None, reason: str = "") -> No
     _record(host, f"fault cleared: {fault}{f' ({reason})' if reason else ''}", actor)
     if fault in LINK_FAULTS:
         sync_after_commit()
+
+
+def link_faults(host: Host) -> list[str]:
+    """The link faults a local host carries now, as "name:value" ("name" for those without a value)."""
+    return [
+        f"{name}:{value}" if value else name
+        for name, value in active_faults(host).items()
+        if name in LINK_FAULTS
+    ]
 
 
 def active_faults(host: Host) -> dict[str, str]:

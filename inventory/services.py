@@ -55,6 +55,7 @@ from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated f
     clear_host_fault,
     fault_value,
     inject_fault,
+    link_faults,
     links_emulated,
     sandbox_path,
     unavailable_reason,

@@ -210,7 +210,9 @@ def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
     if flagged:
         message += f"; below {settings.VOLT_PROBE_MIN_FRACTION:.0%} of the prediction: flagged"
     if measured is not None:
-        _record_sample(cluster, measured, result)
+        withheld = _record_sample(cluster, measured, result)
+        if withheld:
+            message += f"; not kept as the {withheld}"
         metrics.record_busbw(cluster, measured)  # the first point of the cluster's bandwidth chart
     return transitions.transition(
         cluster,
@@ -225,24 +227,48 @@ def _ready(cluster: Cluster, result: dict | None, message: str) -> Cluster:
     )
 
 
-def _record_sample(cluster: Cluster, busbw: float, result: dict) -> None:
+def _record_sample(cluster: Cluster, busbw: float, result: dict) -> str:
     """Feed the measurement back to placement for the domain the cluster spans (block/fabric/site).
 
     Local hosts: over emulated links the sample is in the emulation's units (as their predictions);
-    on plain loopback it is kept but never steers placement."""
+    on plain loopback it is kept but never steers placement. A probe that measured one host's fault
+    says nothing of its domain: when a node's host carries a link fault, or the per-host tests blame one
+    host, nothing is recorded (a 25% link_degraded drill had lowered every later prediction for the
+    whole fabric to a quarter, and the next healthy cluster there measured "266%" of it). Returns why
+    not ("<level>'s measured figure: <why>"), or "" when recorded (or nothing spans a domain)."""
 
     plan = cluster.plan or {}
     level, domain = plan.get("spanned_level"), plan.get("spanned_domain") or []
     index = {"block": 3, "fabric": 2, "site": 1, "region": 0}.get(level)
-    local = cluster.nodes.filter(host__driver=DriverKind.LOCAL).exists()
+    if index is None or len(domain) <= index:
+        return ""
+    nodes = active_nodes(cluster)
+    local = any(node.host.driver == DriverKind.LOCAL for node in nodes)
     emulated = bool(result.get("links_emulated", True))
-    if index is not None and len(domain) > index:
-        planning.record_bandwidth_sample(
-            level,
-            domain[index],
-            busbw,
-            nodes=result["nodes"],
-            cluster=cluster,
-            source_local=local,
-            emulated=local and emulated,
-        )
+    why = _host_fault(nodes, result)
+    if why:
+        return f"{level}'s measured figure: {why}"
+    planning.record_bandwidth_sample(
+        level,
+        domain[index],
+        busbw,
+        nodes=result["nodes"],
+        cluster=cluster,
+        source_local=local,
+        emulated=local and emulated,
+    )
+    return ""
+
+
+def _host_fault(nodes: list[ClusterNode], result: dict) -> str:
+    """Why this probe measured a host rather than its domain: a link fault on one of the nodes' hosts, or
+    the per-host tests naming the slowest host; "" when neither."""
+    for node in nodes:
+        link = inventory.link_faults(node.host) if node.host.driver == DriverKind.LOCAL else []
+        if link:
+            return f"{node.host.name} carries {', '.join(link)} (a host's fault, not the domain's figure)"
+    slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
+    if slow is not None:
+        name = next((n.host.name for n in nodes if n.host.address == slow["node_ip"]), slow["node_ip"])
+        return f"the per-host tests blame {name} ({slow['what']} {format_gbps(slow['gbps'], 2)} GB/s)"
+    return ""

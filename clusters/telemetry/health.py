@@ -46,18 +46,20 @@ def judge(
     head_error: str | None,
     head_state: str | None,
     limits: Limits = Limits(),  # noqa: B008 - frozen
+    link: str = "",
 ) -> Judgement:
     """The verdict for one node.
 
     `head_error` is set when the head's node list could not be read (then the head node is failed and
     the other nodes are judged on their own readings); `head_state` is this node's state in that list
-    ("ALIVE", "DEAD", or None when the head does not list it).
+    ("ALIVE", "DEAD", or None when the head does not list it). `link`: why the cluster's latest
+    bandwidth probe blames this host's link (a warning), or "".
     """
     readings = summarize(reading)
     rule = _failure(reading, is_head, head_error, head_state, limits)
     if rule:
         return Judgement(FAILED, rule, readings)
-    rule = _warning(reading, limits)
+    rule = _warning(reading, limits) or link
     return Judgement(WARNING if rule else OK, rule, readings)
 
 

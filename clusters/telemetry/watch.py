@@ -29,6 +29,8 @@ from django.utils import timezone
 from clusters import recovery, transitions
 from clusters.choices import WATCHED, ClusterStatus, MetricSeries, Verdict
 from clusters.models import Cluster, ClusterNode, MetricSample, NodeHealth
+from clusters.placement.bandwidth import format_gbps
+from clusters.probes import allreduce
 from clusters.provision import active_nodes, ray_cluster_id
 from clusters.provisioning import ray_nodes
 from clusters.telemetry import health, metrics, ray_head
@@ -78,6 +80,7 @@ def _sweep(cluster: Cluster) -> Cluster:
     head_error, head_states = _head_view(cluster)
     readings = read_hosts(cluster, nodes)
     limits = health.Limits(settings.VOLT_GPU_MAX_TEMP_C, settings.VOLT_GPU_WARN_TEMP_C)
+    blamed = blamed_links(cluster)
     judgements = {
         node.pk: health.judge(
             readings[node.pk],
@@ -85,6 +88,7 @@ def _sweep(cluster: Cluster) -> Cluster:
             head_error=head_error,
             head_state=head_states.get(node.host.address),
             limits=limits,
+            link=blamed.get(node.host.address, ""),
         )
         for node in nodes
     }
@@ -103,6 +107,23 @@ def _sweep(cluster: Cluster) -> Cluster:
     elif changed:
         cluster.refresh_from_db()
     return cluster
+
+
+def blamed_links(cluster: Cluster) -> dict[str, str]:
+    """{node address: warning} for the host the cluster's latest probe blames, while the cluster is flagged:
+    the per-host tests name the slowest host, so its node health says why the cluster is slow."""
+    result = cluster.probe_result or {}
+    if not (cluster.bandwidth_flagged and result):
+        return {}
+    slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
+    if slow is None:
+        return {}
+    return {
+        slow["node_ip"]: (
+            f"link: the bandwidth probe blames this host ({slow['what']} {format_gbps(slow['gbps'], 2)} GB/s, "
+            f"{slow['ratio']:.0%} of the others' {format_gbps(slow['others_gbps'], 2)} GB/s)"
+        )
+    }
 
 
 def _head_view(cluster: Cluster) -> tuple[str | None, dict[str, str]]:

@@ -58,6 +58,16 @@ def test_each_rule_gives_its_verdict(reading, is_head, head_error, head_state, v
     assert judgement.verdict == verdict and rule in judgement.rule
 
 
+def test_the_host_a_flagged_probe_blames_warns_of_its_link_and_a_failure_still_comes_first():
+    link = "link: the bandwidth probe blames this host (best link 0.012 GB/s, 25% of the others' 0.05 GB/s)"
+
+    warned = health.judge(HEALTHY, is_head=False, head_error=None, head_state="ALIVE", link=link)
+    dead = health.judge(HEALTHY, is_head=False, head_error=None, head_state="DEAD", link=link)
+
+    assert (warned.verdict, warned.rule) == ("warning", link)
+    assert dead.verdict == "failed" and "DEAD" in dead.rule
+
+
 def test_readings_summarize_the_nodes_gpus():
     reading = health.HostReading(
         True, ray_alive=True, gpus=(gpu(0, temperature_c=40, utilization_pct=20, power_draw_w=100.0),

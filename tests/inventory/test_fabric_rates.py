@@ -39,6 +39,17 @@ def test_the_slower_end_sets_the_rate_of_a_link():
     assert fe.pair_rate_bytes(fast, slow, SCALE) == int(100.0 * 1e9 * SCALE)
 
 
+def test_a_host_whose_ports_give_less_than_declared_crosses_the_spine_at_its_ports_rate():
+    """Issue 23 item 2: a 2:1 fabric declared at 400 GB/s per host gives each host 200 across blocks; a host
+    whose ports give 100 sends at 100 there too (placement: min(ports, declared / oversubscription)), where
+    the emulation divided the ports' figure by the oversubscription (50)."""
+    short = end("127.0.9.2", fabric_gbps=100.0, declared_gbps=400.0)
+    other = end("127.0.9.3", block="2", declared_gbps=400.0)
+
+    assert fe.pair_rate_bytes(short, other, SCALE) == int(100.0 * 1e9 * SCALE)
+    assert fe.pair_rate_bytes(end("127.0.9.4", declared_gbps=400.0), other, SCALE) == int(200.0 * 1e9 * SCALE)
+
+
 def test_link_faults_slow_every_link_of_their_host_and_only_those():
     healthy, degraded, fallback = (
         end("127.0.9.2"),
