@@ -11,110 +11,34 @@ the worker as beat would send them. Runs after test_console_clusters.py and term
 
 from __future__ import annotations
 
-import json
-import random
 import time
-import urllib.request
 
 import pytest
 from playwright.sync_api import expect
+
+from tests.browser.live_api import (
+    admin_token,
+    alice_token,
+    cluster_status,
+    faults,
+    request_cluster,
+    sweep,
+    terminate,
+    worker_host_id,
+    worker_node_sandbox,
+)
 
 pytestmark = pytest.mark.browser
 READY_TIMEOUT_S = 600  # provisioning on a loaded shared 2-core box (the probe included)
 
 
-def _alice_token() -> str:
-    from django.contrib.auth import get_user_model
-
-    from tests.clusters.live_helpers import start_cluster_ids_at
-    from voltweb import services as accounts
-
-    start_cluster_ids_at(random.randrange(100_000, 900_000))
-    return accounts.create_api_token(get_user_model().objects.get(username="alice"), "browser").secret
-
-
-def _request_cluster(stack, token: str) -> int:
-    """Through the stack's API, so placement and provisioning go to the stack's worker."""
-    body = json.dumps({"name": "live-browser", "nodes": 2, "gpus_per_node": 1, "gpu_models": ["H100"],
-                       "team": "demo-lab"}).encode()  # fmt: skip
-    request = urllib.request.Request(
-        f"{stack.url}/api/v1/clusters/", body, method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)["id"]
-
-
-def _status(cluster_id: int) -> tuple[str, str]:
-    from clusters.models import Cluster
-
-    cluster = Cluster.objects.get(pk=cluster_id)
-    return cluster.status, cluster.failure_message
-
-
-def _admin_token() -> str:
-    from django.contrib.auth import get_user_model
-
-    from voltweb import services as accounts
-
-    return accounts.create_api_token(get_user_model().objects.get(username="admin"), "browser-admin").secret
-
-
-def _faults(stack, token: str, host_id: int, method: str, body: dict | None = None) -> dict:
-    """The stack's faults API for a host: GET lists, POST injects, DELETE clears."""
-    request = urllib.request.Request(
-        f"{stack.url}/api/v1/hosts/{host_id}/faults/", json.dumps(body).encode() if body else None,
-        method=method, headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
-
-
-def _worker_host_id(cluster_id: int) -> int:
-    from clusters.models import ClusterNode
-
-    node = ClusterNode.objects.get(cluster_id=cluster_id, is_head=False, released_at__isnull=True)
-    return node.host_id
-
-
-def _worker_node_sandbox(cluster_id: int):
-    from clusters.models import ClusterNode
-    from inventory import services as inventory
-
-    node = ClusterNode.objects.select_related("host__provider").get(
-        cluster_id=cluster_id, is_head=False, released_at__isnull=True
-    )
-    return inventory.sandbox_path(node.host).name, node.host.name  # the folder name; the stack's data dir
-
-
-def _terminate(cluster_id: int) -> None:
-    from clusters import services
-    from clusters.models import Cluster
-
-    cluster = Cluster.objects.get(pk=cluster_id)
-    if cluster.status in services.LIVE:
-        services.terminate_cluster(cluster, wait=True)
-    elif cluster.status == "terminating":
-        services.finish_termination(cluster)
-
-
-def _sweep(stack, cluster_id: int) -> None:
-    from celery import Celery
-
-    app = Celery("volt-browser-beat", broker=stack.redis_url)
-    try:
-        app.send_task("clusters.tasks.sweep_cluster_task", args=[cluster_id], queue="monitoring")
-    finally:
-        app.close()
-
-
 def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, screenshot, live_stack, orm):
     from inventory.drivers.local import clear_fault, set_fault
 
-    cluster_id = _request_cluster(live_stack, orm(_alice_token))
+    cluster_id = request_cluster(live_stack, orm(alice_token))
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while (status := orm(_status, cluster_id))[0] not in ("ready", "failed"):
+        while (status := orm(cluster_status, cluster_id))[0] not in ("ready", "failed"):
             assert time.monotonic() < deadline, f"cluster still {status[0]} after {READY_TIMEOUT_S} s"
             time.sleep(2)
         assert status[0] == "ready", status[1]
@@ -132,11 +56,11 @@ def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, scr
         page.evaluate("window.__notReloaded = true")
         expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "1")  # verification's probe
 
-        _sweep(live_stack, cluster_id)
+        sweep(live_stack, cluster_id)
         expect(page.locator("#health-table .verdict")).to_have_text(["ok", "ok"], timeout=30_000)
 
-        admin, worker_host = orm(_admin_token), orm(_worker_host_id, cluster_id)
-        emulated = _faults(live_stack, admin, worker_host, "GET")["links_emulated"]
+        admin, worker_host = orm(admin_token), orm(worker_host_id, cluster_id)
+        emulated = faults(live_stack, admin, worker_host, "GET")["links_emulated"]
         probe_button = page.get_by_role("button", name="Probe bandwidth now")
         probe_button.click()
         expect(page.locator("#probe-state")).to_contain_text("probe", timeout=10_000)
@@ -146,22 +70,22 @@ def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, scr
             # worker's to a quarter; the next probe from the console sees it and the alert appears.
             expect(page.locator("#probe-state")).to_contain_text("max busbw", timeout=30_000)
             expect(page.locator("#bandwidth-alert")).to_be_hidden()
-            _faults(live_stack, admin, worker_host, "POST", {"fault": "link_degraded", "value": "25"})
+            faults(live_stack, admin, worker_host, "POST", {"fault": "link_degraded", "value": "25"})
             try:
                 probe_button.click()
                 expect(page.locator("#busbw-chart")).to_have_attribute("data-points", "3", timeout=240_000)
             finally:
-                _faults(live_stack, admin, worker_host, "DELETE", {"fault": "link_degraded"})
+                faults(live_stack, admin, worker_host, "DELETE", {"fault": "link_degraded"})
         # Below half the prediction (link_degraded:25, or plain loopback against InfiniBand): the alert.
         expect(page.locator("#bandwidth-alert")).to_be_visible(timeout=10_000)
         expect(page.locator("#bandwidth-alert")).to_contain_text("of the predicted")
         screenshot(page, "cluster-live-probed")
 
-        folder, host_name = orm(_worker_node_sandbox, cluster_id)
+        folder, host_name = orm(worker_node_sandbox, cluster_id)
         sandbox = live_stack.data_dir / "hosts" / folder
         set_fault(sandbox, "ecc_uncorrectable", "0")
         try:
-            _sweep(live_stack, cluster_id)
+            sweep(live_stack, cluster_id)
             row = page.locator(f'#health-table tr[data-host="{host_name}"]')
             expect(row.locator(".verdict")).to_have_text("failed", timeout=30_000)
             expect(row.locator(".rule")).to_contain_text("uncorrectable ECC")
@@ -172,4 +96,4 @@ def test_cluster_page_updates_live_from_sweeps_and_an_on_demand_probe(login, scr
         assert page.evaluate("window.__notReloaded === true")
         screenshot(page, "cluster-live-degraded")
     finally:
-        orm(_terminate, cluster_id)
+        orm(terminate, cluster_id)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import random
 import re
-import threading
 import time
 import urllib.request
 
 import pytest
 from playwright.sync_api import expect
+
+from tests.browser.live_api import JobPoller
 
 pytestmark = pytest.mark.browser
 READY_TIMEOUT_S = 600
@@ -60,32 +61,6 @@ def _terminate(cluster_id: int) -> None:
         services.finish_termination(cluster)
 
 
-class Poller:
-    """Sends jobs.tasks.poll_jobs_task to the stack's worker every second (the stack has no beat)."""
-
-    def __init__(self, stack):
-        from celery import Celery
-
-        self.app = Celery("volt-browser-jobs-beat", broker=stack.redis_url)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        for _ in range(900):  # bounded: 15 minutes at most
-            if self.stop.wait(1.0):
-                return
-            self.app.send_task("jobs.tasks.poll_jobs_task", queue="jobs", expires=2)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(5)
-        self.app.close()
-
-
 def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, screenshot, live_stack, orm):
     cluster_id = _request_cluster(live_stack, orm(_alice_token))
     try:
@@ -103,7 +78,7 @@ def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, sc
         page.fill("#id_steps", "60")
         page.fill("#id_step_sleep", "0.3")
         page.fill("#id_checkpoint_every", "10")
-        with Poller(live_stack):
+        with JobPoller(live_stack):
             page.locator("#job-submit").click()
             expect(page.locator("#job-connection")).to_have_text("live", timeout=15_000)
             page.evaluate("window.__notReloaded = true")
