@@ -1,13 +1,15 @@
 """Allocation and release of GPUs: the one place clusters take and give back capacity.
 
 Placement (clusters.services.place_cluster), host replacement (clusters.provision) and recovery
-(clusters.recovery: release_nodes when a cluster shrinks to its survivors) call these. Two rules hold here, under the plan's host row locks:
+(clusters.recovery: release_nodes when a cluster shrinks to its survivors) call these. Three rules hold here,
+under the team's quota row lock and the plan's host row locks:
 
 - no GPU is held by two active clusters: re-checked under the locks, and guaranteed by the partial
   unique index `allocation_one_active_per_gpu` (a race the locks miss raises CapacityChanged);
 - a host serves one team at a time (DESIGN.md "Security"): Volt cannot yet isolate tenants on one
   host (every cluster's key goes into the same SSH user's authorized_keys), so a host with active
-  allocations of another team's cluster is refused (CapacityChanged) and re-planned without it.
+  allocations of another team's cluster is refused (CapacityChanged) and re-planned without it;
+- a team stays within its quota (clusters/quotas.py: `admit` recounts under the quota row's lock).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from clusters import placement, planning, transitions
+from clusters import placement, planning, quotas, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Allocation, Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
@@ -38,12 +40,15 @@ def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
     """Turn a plan into allocations and move the cluster to PROVISIONING, atomically.
 
     Raises CapacityChanged (and changes nothing) if another request took any of the plan's GPUs, or
-    another team's cluster took a place on one of its hosts.
+    another team's cluster took a place on one of its hosts; quotas.OverQuota if the plan would put the
+    team over its quota (the quota row is locked first, then the hosts: every placement takes them in
+    that order).
     """
 
     host_ids = sorted({int(h) for h in plan.host_ids})
     try:
         with transaction.atomic():
+            quotas.admit(cluster.team_id, sum(len(n.gpu_indices) for n in plan.nodes), plan.model)
             locked = lock_hosts_for_team(cluster.team_id, host_ids)
             _check_still_free(plan, locked)
             create_allocations(cluster, plan)

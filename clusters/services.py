@@ -24,6 +24,7 @@ from clusters import (
     placement,
     planning,
     provision,
+    quotas,
     recovery,
     tenancy,
     transitions,
@@ -50,8 +51,9 @@ DRAIN_BUDGET_S = 60.0  # one queue drain tries clusters this long (drain_queue_t
 
 
 def request_cluster(team: Team, user: AbstractBaseUser, spec: dict) -> Cluster:
-    """Record a cluster request (PENDING) and queue its placement. planning.InvalidSpec if it can never fit."""
-    planning.validate_spec(spec)
+    """Record a cluster request (PENDING) and queue its placement. planning.InvalidSpec if it can never fit
+    the inventory; quotas.QuotaNeverFits (400) if it can never fit the team's quota."""
+    quotas.never_fits(team, planning.validate_spec(spec))
     with transaction.atomic():
         cluster = Cluster.objects.create(
             team=team,
@@ -102,7 +104,12 @@ def _plan_queued(cluster: Cluster) -> tuple[bool, placement.Plan | None]:
     spec that no longer validates goes the usual way, to FAILED with its problems.
     """
     try:
-        result = planning.plan_request(planning.validate_spec(cluster.spec), cluster.team_id)
+        request, over_quota = quotas.narrow(cluster.team, planning.validate_spec(cluster.spec))
+        result = (
+            placement.Refusal((over_quota,))
+            if over_quota
+            else planning.plan_request(request, cluster.team_id)
+        )
     except planning.InvalidSpec:
         return True, None  # _place_placing fails it, naming the problems
     if isinstance(result, placement.Plan):
@@ -125,6 +132,9 @@ def _place_placing(cluster: Cluster, first: placement.Plan | None = None) -> Clu
         request = planning.validate_spec(cluster.spec)
     except planning.InvalidSpec as exc:
         return _fail(cluster, FailureReason.CONFIG_INVALID, "; ".join(exc.problems))
+    request, over_quota = quotas.narrow(cluster.team, request)  # models without room left out
+    if over_quota:
+        return _enqueue(cluster, placement.Refusal((over_quota,)))
     for attempt in range(PLACEMENT_ATTEMPTS):
         result = (
             first if attempt == 0 and first is not None else planning.plan_request(request, cluster.team_id)
@@ -135,6 +145,8 @@ def _place_placing(cluster: Cluster, first: placement.Plan | None = None) -> Clu
             return allocations.allocate(cluster, result)
         except allocations.CapacityChanged as exc:
             logger.info("cluster %s: %s; re-planning", cluster.pk, exc)
+        except quotas.OverQuota as exc:  # a racing placement of the team took the room first
+            return _enqueue(cluster, placement.Refusal((str(exc),)))
     refusal = placement.Refusal(("capacity kept changing while placing; retrying from the queue",))
     return _enqueue(cluster, refusal)
 

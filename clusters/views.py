@@ -17,6 +17,7 @@ from clusters.probes import allreduce
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from voltweb import services as accounts
+from voltweb.domain import DomainError
 from voltweb.statemachine import IllegalTransition
 
 
@@ -49,9 +50,13 @@ def cluster_new(request):
         serializer = _spec_serializer(request, form)
         if not serializer.errors:
             data = serializer.validated_data
-            cluster = services.request_cluster(data["team"], request.user, serializer.spec(data))
-            messages.success(request, f"Cluster {cluster.name} requested; placement is running.")
-            return redirect("clusters:detail", pk=cluster.pk)
+            try:
+                cluster = services.request_cluster(data["team"], request.user, serializer.spec(data))
+            except DomainError as exc:  # over the team's quota for good: the message says what to do
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"Cluster {cluster.name} requested; placement is running.")
+                return redirect("clusters:detail", pk=cluster.pk)
     return render(request, "clusters/new.html", {"form": form, "teams": teams})
 
 

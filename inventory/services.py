@@ -48,7 +48,11 @@ from inventory.drill_records import (  # noqa: F401 - the app's face for other a
 )
 from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, ThisMachine, create_sandbox
-from inventory.gpu_catalog import BY_MODEL, matching_models
+from inventory.gpu_catalog import (
+    BY_MODEL,
+    matching_models,
+    model_matches,  # noqa: F401 - the app's face: one matching rule (quotas)
+)
 from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated fabric of local hosts
     active_faults,
     bandwidth_scale,

@@ -75,6 +75,10 @@ class World:
         HostEvent.objects.create(host=host, kind=HostEventKind.STATE, message=f"event {n}")
         other = accounts.create_team(f"Team {n}", f"team-{n}")
         accounts.add_member(other, self.alice, TeamRole.RESEARCHER)
+        for budget in (100 * n, 200 * n):  # a quota and two lines of its audit trail per team
+            accounts.set_team_quota(
+                other, self.root, max_gpus=16, gpu_model_caps={"H100": 8}, gpu_hours_per_month=budget
+            )
         accounts.create_api_token(self.alice, f"token {n}")
         accounts.create_api_token(self.priya, f"token {n}")
         extra = inventory.register_provider(self.root, f"Provider {n}", f"ops{n}@example.com")
@@ -177,7 +181,8 @@ API_LISTS = [
 
 PAGES = [
     ("alice", "/account/tokens/", 4),
-    ("alice", "/teams/", 6),
+    ("alice", "/teams/", 9),  # + quota use (GPUs in use, GPU-hours this month) and the audit trail
+    ("root", "/teams/", 9),  # every team, with the quota form
     ("alice", "/inventory/", 6),
     ("priya", "/inventory/hosts/", 8),
     ("priya", "/inventory/hosts/{host}/", 11),

@@ -14,7 +14,9 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from voltweb.choices import TeamRole
-from voltweb.models import ApiToken, Membership, Team
+from voltweb.domain import DomainError
+from voltweb.models import ApiToken, Membership, Team, TeamEvent, TeamQuota
+from voltweb.taskutils import enqueue_on_commit
 
 TOKEN_PREFIX = "volt_"
 
@@ -153,3 +155,115 @@ def add_member(team: Team, user: AbstractBaseUser, role: str = TeamRole.RESEARCH
         membership.role = role
         membership.save(update_fields=["role"])
     return membership
+
+
+# --- quotas (issue 28 item 3: placement enforces them in clusters/quotas.py) ------------------------------
+
+
+class QuotaAdminsOnly(DomainError):
+    """Only platform admins set a team's quota (team admins and researchers ask one)."""
+
+    code = "platform_admins_only"
+    status = 403
+
+
+class QuotaInvalid(DomainError, ValueError):
+    """A quota value that cannot be a limit (negative, not a whole number, a nameless model)."""
+
+    code = "invalid"
+    status = 400
+
+
+def check_may_set_quota(user: AbstractBaseUser, team: Team) -> None:
+    """Raise QuotaAdminsOnly unless `user` is a platform admin."""
+    if not is_platform_admin(user):
+        raise QuotaAdminsOnly(f"Only platform admins set team quotas; ask one to change {team.name}'s quota.")
+
+
+def note_team(team: Team, message: str, *, actor: AbstractBaseUser | None = None, details=None) -> TeamEvent:
+    """A line of the team's audit trail; the only writer of TeamEvent."""
+    return TeamEvent.objects.create(team=team, actor=actor, message=message, details=details or {})
+
+
+def _limit(value, what: str) -> int | None:
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
+        raise QuotaInvalid(
+            f"{what} must be a whole number of 0 or more, or empty for no limit (got {value!r})."
+        )
+    return int(value)
+
+
+def _model_caps(caps) -> dict[str, int]:
+    if not isinstance(caps, dict):
+        raise QuotaInvalid('Per-model caps are a mapping of GPU model to GPUs, e.g. {"H100": 8}.')
+    cleaned: dict[str, int] = {}
+    for name, cap in caps.items():
+        model = " ".join(str(name).split())
+        if not model or len(model) > 50:
+            raise QuotaInvalid(f"A per-model cap needs a GPU model name of 1-50 characters (got {name!r}).")
+        if model.upper() in {m.upper() for m in cleaned}:
+            raise QuotaInvalid(f"GPU model {model!r} is capped twice; give one cap per model.")
+        cleaned[model] = _limit(cap, f"The cap for {model}")
+        if cleaned[model] is None:
+            del cleaned[model]  # an empty cap is no cap
+    return cleaned
+
+
+def _describe_change(before: dict, after: dict) -> str:
+    def shown(value) -> str:
+        return "no limit" if value is None else str(value)
+
+    parts = []
+    if before["max_gpus"] != after["max_gpus"]:
+        parts.append(f"GPUs in use {shown(before['max_gpus'])} -> {shown(after['max_gpus'])}")
+    for model in sorted(set(before["gpu_model_caps"]) | set(after["gpu_model_caps"])):
+        old, new = before["gpu_model_caps"].get(model), after["gpu_model_caps"].get(model)
+        if old != new:
+            parts.append(f"{model} GPUs {shown(old)} -> {shown(new)}")
+    if before["gpu_hours_per_month"] != after["gpu_hours_per_month"]:
+        old, new = before["gpu_hours_per_month"], after["gpu_hours_per_month"]
+        parts.append(f"GPU-hours per month {shown(old)} -> {shown(new)}")
+    return "; ".join(parts)
+
+
+def set_team_quota(
+    team: Team,
+    actor: AbstractBaseUser,
+    *,
+    max_gpus=None,
+    gpu_model_caps=None,
+    gpu_hours_per_month=None,
+) -> TeamQuota:
+    """Set the team's quota (every limit given: None is no limit), audited on the team's trail.
+
+    Platform admins only (QuotaAdminsOnly); values are checked (QuotaInvalid). A change that changes
+    nothing writes nothing. The queue is drained after commit: a raised cap starts what waited for it.
+    """
+    check_may_set_quota(actor, team)
+    after = {
+        "max_gpus": _limit(max_gpus, "The GPU cap"),
+        "gpu_model_caps": _model_caps(gpu_model_caps or {}),
+        "gpu_hours_per_month": _limit(gpu_hours_per_month, "The monthly GPU-hour budget"),
+    }
+    with transaction.atomic():
+        # The row lock placement takes too (clusters.quotas.admit): a change waits for a placement under way.
+        quota, _ = TeamQuota.objects.get_or_create(team=team)
+        quota = TeamQuota.objects.select_for_update().get(pk=quota.pk)
+        before = quota.as_json()
+        change = _describe_change(before, after)
+        if not change:
+            return quota
+        for name, value in after.items():
+            setattr(quota, name, value)
+        quota.updated_at, quota.updated_by = timezone.now(), actor
+        quota.save()
+        note_team(
+            team,
+            f"quota changed by {actor.get_username()}: {change}",
+            actor=actor,
+            details={"before": before, "after": after},
+        )
+        enqueue_on_commit("clusters.tasks.drain_queue_task")
+    return quota

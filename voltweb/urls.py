@@ -20,6 +20,7 @@ urlpatterns = [
     path("account/tokens/", views.tokens, name="tokens"),
     path("account/tokens/<int:pk>/revoke/", views.revoke_token, name="token-revoke"),
     path("teams/", views.teams, name="teams"),
+    path("teams/<int:pk>/quota/", views.team_quota, name="team-quota"),
     path("inventory/", include("inventory.urls")),
     path("clusters/", include("clusters.urls")),
     path("", include("jobs.urls")),

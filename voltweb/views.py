@@ -4,7 +4,9 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db import connection
+from django.db.models import Prefetch
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
@@ -12,8 +14,9 @@ from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_POST
 
 from voltweb import services, throttle
-from voltweb.forms import TokenForm
-from voltweb.models import ApiToken
+from voltweb.domain import DomainError
+from voltweb.forms import TeamQuotaForm, TokenForm
+from voltweb.models import ApiToken, TeamEvent
 
 
 class LoginView(auth_views.LoginView):
@@ -60,10 +63,47 @@ def revoke_token(request, pk):
     return redirect("tokens")
 
 
+QUOTA_AUDIT_LINES = 5  # the latest quota changes the teams page shows per team
+
+
 @login_required
 def teams(request):
-    teams = services.teams_of(request.user).prefetch_related("memberships__user")
+    """The caller's teams (platform admins: all) with members, use against quota and, for platform admins,
+    the form that sets it and its latest changes. Use is drawn by the clusters app's `team_quotas` tag."""
+    latest = TeamEvent.objects.select_related("actor")[:QUOTA_AUDIT_LINES]
+    teams = (
+        services.teams_of(request.user)
+        .select_related("quota")
+        .prefetch_related("memberships__user", Prefetch("events", queryset=latest, to_attr="latest_events"))
+    )
+    admin = services.is_platform_admin(request.user)
+    for team in teams:  # the rows the template (and its quota tag) read again: no query per team
+        quota = getattr(team, "quota", None)
+        team.quota_form = (
+            TeamQuotaForm(initial=TeamQuotaForm.initial_for(quota), prefix=f"q{team.pk}") if admin else None
+        )
     return render(request, "voltweb/teams.html", {"teams": teams})
+
+
+@login_required
+@require_POST
+def team_quota(request, pk):
+    """Set a team's quota from the teams page (platform admins; others: 403, or 404 for a team not theirs)."""
+    team = get_object_or_404(services.teams_of(request.user), pk=pk)
+    if not services.is_platform_admin(request.user):
+        raise PermissionDenied("Only platform admins set team quotas.")
+    form = TeamQuotaForm(request.POST, prefix=f"q{team.pk}")
+    if not form.is_valid():
+        problems = "; ".join(f"{form.fields[f].label}: {' '.join(e)}" for f, e in form.errors.items())
+        messages.error(request, f"{team.name}'s quota is unchanged: {problems}")
+        return redirect("teams")
+    try:
+        services.set_team_quota(team, request.user, **form.cleaned_data)
+    except DomainError as exc:
+        messages.error(request, f"{team.name}'s quota is unchanged: {exc}")
+    else:
+        messages.success(request, f"{team.name}'s quota saved (recorded in its audit trail).")
+    return redirect("teams")
 
 
 def healthz(request):

@@ -35,6 +35,7 @@ TARGETS = {
     # Fault drills and the recovery policy: platform admins and team A's admins (alice is a researcher).
     "cluster_admin": Target(frozenset({"root"})),
     "team": Target(frozenset({"alice", "root"})),  # team A
+    "team_quota": Target(frozenset({"root"})),  # setting team A's quota: platform admins
     "token": Target(frozenset()),  # priya's API token: its owner's alone (not even a platform admin's)
     "private_host": Target(
         frozenset({"root"})
@@ -73,6 +74,8 @@ ROUTES: dict[str, Rule] = {
     "tokens": R("page", methods=("GET", "POST"), body={"name": "matrix"}),  # creates one's own token
     "token-revoke": R("token", methods=("POST",)),
     "teams": R("page"),
+    # Setting a team's quota from the teams page: platform admins only (team A's member alice gets 403).
+    "team-quota": R("team_quota", methods=("POST",), body={"max_gpus": "8"}),
     "inventory:offers": R("page"),
     "inventory:hosts": R("page"),
     "inventory:host": R("private_host"),
@@ -119,6 +122,8 @@ ROUTES: dict[str, Rule] = {
     "api:api-not-found": R("nobody", methods=("GET", "POST")),
     "api:team-list": R("page", hidden_in_list="team"),
     "api:team-detail": R("team"),
+    # Read by whoever sees the team; PUT/PATCH by platform admins only (alice's 403: tests/clusters/test_quotas.py).
+    "api:team-quota": R("team", body={"max_gpus": 8}),
     "api:token-list": R("page", body={"name": "matrix"}, hidden_in_list="token"),  # POST: one's own
     "api:token-detail": R("token"),
     "api:token-revoke": R("token"),

@@ -126,6 +126,7 @@ def world(alice, bob, priya, omar, helios, root, make_user, team_a, northwind_ib
         "cluster_code": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "cluster_admin": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "team": {"pk": team_a.pk},
+        "team_quota": {"pk": team_a.pk},
         "token": {"pk": accounts.create_api_token(priya, "priya's").token.pk},
         "private_host": {"pk": private.pk, "host_id": private.pk},
         "private_gpu": {"pk": private.gpus.first().pk},

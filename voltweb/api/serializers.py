@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from voltweb import services
-from voltweb.models import ApiToken, Membership, Team
+from voltweb.models import ApiToken, Membership, Team, TeamQuota
 
 
 class MembershipSerializer(serializers.ModelSerializer):
@@ -12,12 +12,23 @@ class MembershipSerializer(serializers.ModelSerializer):
         fields = ["username", "role", "joined_at"]
 
 
+class TeamQuotaLimitsSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TeamQuota
+        fields = ["max_gpus", "gpu_model_caps", "gpu_hours_per_month"]
+
+
 class TeamSerializer(serializers.ModelSerializer):
     members = MembershipSerializer(source="memberships", many=True, read_only=True)
+    quota = TeamQuotaLimitsSerializer(
+        read_only=True,
+        allow_null=True,
+        help_text="The team's limits (null: none set); use against them: GET /api/v1/teams/{id}/quota/.",
+    )
 
     class Meta:
         model = Team
-        fields = ["id", "name", "slug", "created_at", "members"]
+        fields = ["id", "name", "slug", "created_at", "members", "quota"]
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):

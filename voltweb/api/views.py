@@ -18,7 +18,9 @@ class TeamViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = TeamSerializer
 
     def get_queryset(self):
-        return services.teams_of(self.request.user).prefetch_related("memberships__user")
+        return (
+            services.teams_of(self.request.user).select_related("quota").prefetch_related("memberships__user")
+        )
 
 
 class ApiTokenViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
