@@ -18,9 +18,9 @@ def alice_token() -> str:
     return accounts.create_api_token(get_user_model().objects.get(username="alice"), "browser").secret
 
 
-def request_cluster(stack, token: str) -> int:
+def request_cluster(stack, token: str, name: str = "live-browser") -> int:
     """Through the stack's API, so placement and provisioning go to the stack's worker."""
-    body = json.dumps({"name": "live-browser", "nodes": 2, "gpus_per_node": 1, "gpu_models": ["H100"],
+    body = json.dumps({"name": name, "nodes": 2, "gpus_per_node": 1, "gpu_models": ["H100"],
                        "team": "demo-lab"}).encode()  # fmt: skip
     request = urllib.request.Request(
         f"{stack.url}/api/v1/clusters/", body, method="POST",

@@ -8,64 +8,23 @@ beat, so the test sends the job poller's task to the worker every second, as bea
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
-import urllib.request
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.live_api import JobPoller
+from tests.browser.live_api import JobPoller, alice_token, cluster_status, request_cluster, terminate
 
 pytestmark = pytest.mark.browser
 READY_TIMEOUT_S = 600
 
 
-def _alice_token() -> str:
-    from django.contrib.auth import get_user_model
-
-    from tests.clusters.live_helpers import start_cluster_ids_at
-    from voltweb import services as accounts
-
-    start_cluster_ids_at(random.randrange(100_000, 900_000))
-    return accounts.create_api_token(get_user_model().objects.get(username="alice"), "browser-jobs").secret
-
-
-def _request_cluster(stack, token: str) -> int:
-    body = json.dumps({"name": "jobs-browser", "nodes": 2, "gpus_per_node": 1, "gpu_models": ["H100"],
-                       "team": "demo-lab"}).encode()  # fmt: skip
-    request = urllib.request.Request(
-        f"{stack.url}/api/v1/clusters/", body, method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )  # fmt: skip
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)["id"]
-
-
-def _status(cluster_id: int) -> tuple[str, str]:
-    from clusters.models import Cluster
-
-    cluster = Cluster.objects.get(pk=cluster_id)
-    return cluster.status, cluster.failure_message
-
-
-def _terminate(cluster_id: int) -> None:
-    from clusters import services
-    from clusters.models import Cluster
-
-    cluster = Cluster.objects.get(pk=cluster_id)
-    if cluster.status in services.LIVE:
-        services.terminate_cluster(cluster, wait=True)
-    elif cluster.status == "terminating":
-        services.finish_termination(cluster)
-
-
 def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, screenshot, live_stack, orm):
-    cluster_id = _request_cluster(live_stack, orm(_alice_token))
+    cluster_id = request_cluster(live_stack, orm(alice_token), name="jobs-browser")
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while (status := orm(_status, cluster_id))[0] not in ("ready", "failed"):
+        while (status := orm(cluster_status, cluster_id))[0] not in ("ready", "failed"):
             assert time.monotonic() < deadline, f"cluster still {status[0]} after {READY_TIMEOUT_S} s"
             time.sleep(2)
         assert status[0] == "ready", status[1]
@@ -114,7 +73,7 @@ def test_demo_job_from_the_console_streams_logs_and_job_bandwidth_live(login, sc
             assert cluster_page.evaluate("window.__notReloaded === true")
             screenshot(page, "job-live")
     finally:
-        orm(_terminate, cluster_id)
+        orm(terminate, cluster_id)
 
 
 def _job_with_a_long_log(lines: list[str]) -> tuple[int, int]:
