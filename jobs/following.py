@@ -30,6 +30,7 @@ from jobs import checkpoints, logtext, onray, transitions
 from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
 from jobs.models import Job, JobLogChunk
 from voltweb import namespace, realtime
+from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
 S = JobStatus
@@ -82,6 +83,10 @@ def poll_job(job_id: int) -> str:
 
 
 def poll_now(job: Job) -> Job:
+    """What Ray says of `job`'s current submission, applied only while that is still the job's submission:
+    recovery may resubmit the job (a new attempt, a new submission) while this poll waits on Ray, and what
+    Ray says of the old one must not be written over the new (every write below is guarded by it)."""
+    submission = job.ray_submission_id
     try:
         client = onray.ray_client(job.cluster)
         info = client.get_job_info(job.ray_submission_id)
@@ -92,10 +97,8 @@ def poll_now(job: Job) -> Job:
     except (RuntimeError, OSError, ValueError, ConnectionError) as exc:
         logger.info("job %s: head did not answer: %s", job.pk, exc)
         if "does not exist" in str(exc) and job.status in LIVE and job.cluster.status == ClusterStatus.READY:
-            return transitions.transition(
-                job, S.FAILED, "Ray no longer knows the job (its head restarted?)",
-                extra={"finished_at": timezone.now()},
-            )  # fmt: skip
+            return _stale_safe(job, S.FAILED, "Ray no longer knows the job (its head restarted?)",
+                               {"finished_at": timezone.now()}, submission)  # fmt: skip
         return job
     if rescan or (terminal and caught_up):
         checkpoints.rescan_checkpoints(job)
@@ -104,14 +107,31 @@ def poll_now(job: Job) -> Job:
     return _follow_status(job, ray_status, info.message or "", last_text)
 
 
+def _stale_safe(job: Job, to: str, reason: str, extra: dict, submission: str) -> Job:
+    """transition() guarded by the submission the poll read; a job resubmitted meanwhile is left as it is."""
+    try:
+        return transitions.transition(job, to, reason, extra=extra, where={"ray_submission_id": submission})
+    except IllegalTransition:
+        job.refresh_from_db()
+        if job.ray_submission_id == submission:
+            raise
+        logger.info(
+            "job %s: resubmitted while polled; what Ray said of %s is not applied", job.pk, submission
+        )
+        return job
+
+
 def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
+    submission = job.ray_submission_id
     job.refresh_from_db()
     target = FROM_RAY.get(ray_status)
+    if job.ray_submission_id != submission:  # resubmitted while this poll asked Ray about the last attempt
+        return job
     if job.status in WAITING or target is None or target == job.status:
         return job
     now = timezone.now()
     if target == S.RUNNING:
-        return transitions.transition(job, S.RUNNING, "Ray started the entrypoint", extra={"started_at": now})
+        return _stale_safe(job, S.RUNNING, "Ray started the entrypoint", {"started_at": now}, submission)
     if target == S.PENDING:
         return job
     extra = {"finished_at": now, **({} if job.started_at else {"started_at": now})}
@@ -128,10 +148,28 @@ def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
         if not logs.strip():  # its log had all been read by earlier polls: the last stored lines
             stored = job.log_chunks.filter(attempt=job.attempt).order_by("-offset").first()
             logs = stored.text if stored else ""
-        tail = "\n".join(logs.strip().splitlines()[-5:])
-        reason = f"{message or 'the entrypoint failed'}" + (f"\n{tail}" if tail else "")
+        tail = "\n".join(_shortened(line, REASON_LINE_MAX) for line in logs.strip().splitlines()[-5:])
+        reason = failure_headline(message) + (f"\n{tail}" if tail else "")
     extra["status_reason"] = reason[:2000]
-    return transitions.transition(job, target, reason[:2000], extra=extra)
+    return _stale_safe(job, target, reason[:2000], extra, submission)
+
+
+# A failed job's reason is read in a red box and a timeline line: Ray's first line and the log's last
+# lines, each this long at most (Ray's message carries the whole log, or a state dump, after its first line).
+REASON_LINE_MAX = 300
+
+
+def failure_headline(message: str) -> str:
+    """Ray's failure message as one line: "Job entrypoint command failed with exit code 1" without the
+    ", last available logs (truncated to 20,000 chars):" and the logs that follow it (the reason shows the
+    log's own last lines)."""
+    first = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
+    first = first.split(", last available logs", 1)[0].rstrip(" :")
+    return _shortened(first, REASON_LINE_MAX) or "the entrypoint failed"
+
+
+def _shortened(line: str, limit: int) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def follow_log(job: Job, client, *, final: bool, started: bool = True) -> tuple[bool, str, bool]:
@@ -225,14 +263,17 @@ def store_log(job: Job, data: bytes, *, final: bool) -> list[dict]:
     if len(kept) < len(new) and room:
         kept += f"\n[volt: log cut at VOLT_JOB_LOG_MAX_MB={settings.VOLT_JOB_LOG_MAX_MB}]\n"
     with transaction.atomic():
-        offset = job.log_size
+        # Only onto the submission this text came from (a job resubmitted meanwhile starts its log afresh).
+        row = Job.objects.select_for_update().filter(pk=job.pk, ray_submission_id=job.ray_submission_id)
+        stored = row.values("log_size", "ray_log_seen").first()
+        if stored is None:
+            return []
+        offset = stored["log_size"]
         if kept:
             JobLogChunk.objects.create(job=job, offset=offset, attempt=job.attempt, text=kept)
-        Job.objects.filter(pk=job.pk).update(
-            log_size=F("log_size") + len(kept), ray_log_seen=F("ray_log_seen") + len(data)
-        )
-        job.log_size += len(kept)
-        job.ray_log_seen += len(data)
+        row.update(log_size=F("log_size") + len(kept), ray_log_seen=F("ray_log_seen") + len(data))
+        job.log_size = offset + len(kept)
+        job.ray_log_seen = stored["ray_log_seen"] + len(data)
         if kept:
             realtime.broadcast(
                 f"cluster-{job.cluster_id}",
@@ -297,7 +338,8 @@ def apply_events(job: Job, events: list[dict]) -> bool:
             updates["result"] = {k: v for k, v in event.items() if isinstance(v, str | int | float)}
             rescan = True
         elif kind == "resumed":
-            transitions.note(job, f"resumed from step {event.get('step')} ({str(event.get('path'))[:300]})")
+            shown = onray.shown_path(job, str(event.get("path")))[:300]
+            transitions.note(job, f"resumed from step {event.get('step')} ({shown})")
     if updates:
         # Only onto the attempt these events came from: a poll that read attempt N's log while recovery
         # resubmitted the job as N + 1 must not put N's steps back over the new attempt's.

@@ -37,9 +37,11 @@ JOB_TRANSITIONS: dict[str, dict[str, str]] = {
 FINAL = {status for status, moves in JOB_TRANSITIONS.items() if not moves}  # succeeded, stopped
 
 
-def transition(job: Job, to: str, reason: str = "", extra: dict | None = None) -> Job:
+def transition(
+    job: Job, to: str, reason: str = "", extra: dict | None = None, where: dict | None = None
+) -> Job:
     """Move `job` to `to` from an allowed status (else IllegalTransition), with a timeline event; the
-    cluster's page hears of it after commit."""
+    cluster's page hears of it after commit. `where`: what the stored row must still say (statemachine.apply)."""
 
     def record(previous: str, target: str) -> None:
         JobEvent.objects.create(
@@ -57,7 +59,7 @@ def transition(job: Job, to: str, reason: str = "", extra: dict | None = None) -
             prune_working_dir(job.pk)  # nothing submits a succeeded or stopped job again
 
     return statemachine.apply(job, to, JOB_TRANSITIONS, field="status", extra=extra, record=record,
-                              after_commit=announce)  # fmt: skip
+                              after_commit=announce, where=where)  # fmt: skip
 
 
 def announce(job: Job) -> None:

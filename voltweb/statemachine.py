@@ -38,16 +38,22 @@ def apply(
     extra: dict | None = None,
     record: Callable[[str, str], None] | None = None,
     after_commit: Callable[[], None] | None = None,
+    where: dict | None = None,
 ) -> models.Model:
     """Move `obj` to `target` if its current stored state allows it; raise IllegalTransition otherwise.
 
+    `where`: field values the stored row must still have (e.g. the Ray submission a poll asked about), else
+    IllegalTransition: a decision taken on what was read before the row moved on is not applied over it.
     `extra` fields are written in the same UPDATE; `record(previous, target)` writes the timeline event in
     the same transaction; `after_commit` runs once the transaction commits (broadcasts).
     """
     sources = allowed_from(table, target)
     model = type(obj)
     with transaction.atomic():
-        current = model.objects.select_for_update().filter(pk=obj.pk).values_list(field, flat=True).first()
+        rows = model.objects.select_for_update().filter(pk=obj.pk, **(where or {}))
+        current = rows.values_list(field, flat=True).first()
+        if current is None and where and model.objects.filter(pk=obj.pk).exists():
+            current = "(changed since it was read)"
         if current is None or current not in sources:
             raise IllegalTransition(obj, current or "(deleted)", target)
         values = {field: target, **(extra or {})}

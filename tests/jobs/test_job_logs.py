@@ -18,7 +18,7 @@ from clusters.models import Cluster, ClusterNode
 from clusters.tenancy import node_temp_dir
 from inventory import services as inventory
 from inventory.drivers import local as local_driver
-from jobs import following, onray, services
+from jobs import following, onray, services, transitions
 from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -54,7 +54,9 @@ def job_on_head(team_a, alice, head_host, monkeypatch):
         team=team_a, created_by=alice, name="logs", status="ready", dashboard_url="http://127.0.0.9:1",
         spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]},
     )  # fmt: skip
-    head = ClusterNode.objects.create(cluster=cluster, host=head_host, rank=0, is_head=True, gpu_indices=[0], slot=3)
+    head = ClusterNode.objects.create(
+        cluster=cluster, host=head_host, rank=0, is_head=True, gpu_indices=[0], slot=3
+    )
     job = services.submit_job(cluster, alice, "python train.py")
     sid = services.submission_id(job)
     Job.objects.filter(pk=job.pk).update(status="running", ray_submission_id=sid)
@@ -107,7 +109,9 @@ def log_lines(first: int, last: int) -> str:
     for step in range(first, last):
         out.append(f"step {step:05d} loss={1.0 / (step + 1):.6f} — données ünïcode ✓ {'x' * 60}\n")
         if step % 100 == 99:
-            out.append(f'VOLT_EVENT {{"kind": "step", "step": {step + 1}, "loss": 0.5, "time": 1700000000}}\n')
+            out.append(
+                f'VOLT_EVENT {{"kind": "step", "step": {step + 1}, "loss": 0.5, "time": 1700000000}}\n'
+            )
     return "".join(out)
 
 
@@ -161,6 +165,28 @@ def test_the_status_follows_once_the_log_is_read(job_on_head, host_reads, monkey
     assert "exit 3" in job.status_reason and "step 00499" in job.status_reason  # the log's last lines
 
 
+def test_a_failed_jobs_reason_is_rays_first_line_and_the_logs_last_lines_not_a_dump(job_on_head, monkeypatch):
+    """Issue 24's walk: the red box and the timeline showed Ray's whole message, a state dump of
+    thousands of characters. The reason keeps Ray's first line and the log's last 5 lines, each bounded."""
+    job, log_file, ray = job_on_head
+    dump = "{'node_id': 'abc', 'resources': {...}} " * 200
+    log_file.write_bytes((log_lines(0, 20) + f"RuntimeError: boom {dump}\n").encode())
+    ray.status = "FAILED"
+    whole = (
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+        + log_file.read_text(encoding="utf-8")
+    )
+    monkeypatch.setattr(ray, "get_job_info", lambda sid: SimpleNamespace(status="FAILED", message=whole))
+    while Job.objects.get(pk=job.pk).status == "running":
+        services.poll_job(job.pk)
+    job.refresh_from_db()
+    lines = job.status_reason.splitlines()
+    assert lines[0] == "Job entrypoint command failed with exit code 1"
+    assert lines[-1].startswith("RuntimeError: boom") and lines[-1].endswith("…")
+    assert len(lines) == 6 and all(len(line) <= following.REASON_LINE_MAX for line in lines)
+    assert job.events.get(to_status="failed").message == job.status_reason
+
+
 def test_a_head_host_that_cannot_be_read_falls_back_to_rays_api(job_on_head, head_host):
     job, log_file, ray = job_on_head
     log_file.write_bytes(log_lines(0, 300).encode())
@@ -181,3 +207,31 @@ def test_a_log_not_written_yet_is_no_log_until_ray_starts_the_entrypoint(job_on_
     ray.status = "RUNNING"  # started, yet no file where Ray writes it: ask Ray rather than show nothing
     services.poll_job(job.pk)
     assert ray.whole_log_calls == 1
+
+
+def test_a_poll_of_the_previous_attempt_never_writes_over_the_resubmitted_one(job_on_head, monkeypatch):
+    """Issue 24's walk: after a kill drill, a poll that asked Ray about attempt 1 finished after recovery
+    had resubmitted the job as attempt 2, and wrote attempt 1's failure over it: the job page said
+    "Failed" beside "Recovery succeeded" (2 of 3 drills). A poll's writes hold only for the submission
+    it read: status, log offsets and steps."""
+    job, log_file, ray = job_on_head
+    log_file.write_bytes(log_lines(0, 300).encode())
+    ray.status = "FAILED"
+    asked = ray.get_job_info
+
+    def resubmitted_meanwhile(submission_id):
+        answer = asked(submission_id)  # Ray answers for attempt 1; recovery resubmits before the poll writes
+        current = Job.objects.get(pk=job.pk)
+        current = transitions.transition(current, "interrupted", "its cluster went degraded")
+        current = services.resubmit_job(current, resume_from=None)
+        Job.objects.filter(pk=job.pk).update(ray_submission_id=f"{current.ray_submission_id}volt-attempt-2")
+        return answer
+
+    monkeypatch.setattr(ray, "get_job_info", resubmitted_meanwhile)
+    services.poll_job(job.pk)
+
+    job.refresh_from_db()
+    assert (job.status, job.attempt) == ("pending", 2)
+    assert job.ray_log_seen == 0 and job.last_step is None and not job.status_reason
+    assert not job.events.filter(to_status="failed").exists()
+    assert "[volt: attempt 2]" in stored_log(job)
