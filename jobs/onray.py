@@ -57,6 +57,15 @@ def checkpoint_dir(job: Job) -> str:
     return storage_location(cluster, "jobs", job.pk, "checkpoints").replace("~", "${HOME}", 1)
 
 
+def shown_path(job: Job, path: str) -> str:
+    """A path in the job's checkpoint dir as people see it (the connect box's `~/volt/clusters/…/storage`),
+    never this machine's folder behind a local cluster's storage link; any other path as it is."""
+    inside = checkpoint_dir(job).rstrip("/") + "/"
+    if path.startswith(inside):
+        return storage_location(job.cluster, "jobs", job.pk, "checkpoints", path[len(inside) :])
+    return path
+
+
 def runtime_env(job: Job) -> dict:
     """The Ray runtime_env of the job's current attempt (JOBS_CONTRACT.md's environment)."""
     env = {

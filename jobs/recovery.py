@@ -78,9 +78,18 @@ class JobsRecovery:
                 "steps_lost_is_lower_bound": lower_bound, "step_s": reached["step_s"],
                 "resubmitted_at": timezone.now().isoformat(), "training_resumed_at": None,
             })  # fmt: skip
-            at_least = "at least " if lower_bound else ""
-            services.note(job, f"resubmitted by recovery from step {step} ({at_least}{lost} step(s) lost)")
+            services.note(
+                job, f"resubmitted by recovery from step {step} ({steps_lost_phrase(lost, lower_bound)})"
+            )
         return resumed
+
+
+def steps_lost_phrase(lost: int, lower_bound: bool) -> str:
+    """ "3 step(s) lost", "at least 3 step(s) lost", or, when the job logged no step past its checkpoint but
+    may have stepped on, that (never "at least 0")."""
+    if lower_bound and lost == 0:
+        return "no step logged past it; the steps since its last log line may be lost"
+    return f"{'at least ' if lower_bound else ''}{lost} step(s) lost"
 
 
 def gpu_hours_lost(job: Job) -> float:

@@ -262,13 +262,14 @@ def resubmit_job(job: Job, *, resume_from: str | None, from_step: int | None = N
     The job is back at `from_step` (the checkpoint's step; none: from the start): `last_step` says so and
     the new attempt's step events start afresh."""
     attempt = job.attempt + 1
-    message = f"resubmitted as attempt {attempt}" + (f", resuming from {resume_from}" if resume_from else "")
+    shown = onray.shown_path(job, resume_from) if resume_from else ""
+    message = f"resubmitted as attempt {attempt}" + (f", resuming from {shown}" if shown else "")
     with transaction.atomic():
         job = transitions.transition(job, S.PENDING, message, extra={
             "attempt": attempt, "resume_from": resume_from or "", "ray_submission_id": "", "ray_log_seen": 0,
             "submitted_at": None, "finished_at": None, "stop_requested_at": None, "status_reason": "",
             "last_step": from_step, "attempt_steps": {}, "updated_at": timezone.now()})  # fmt: skip
-        marker = f"\n[volt: attempt {attempt}{' from ' + resume_from if resume_from else ''}]\n"
+        marker = f"\n[volt: attempt {attempt}{' from ' + shown if shown else ''}]\n"
         JobLogChunk.objects.create(job=job, offset=job.log_size, attempt=attempt, text=marker)
         Job.objects.filter(pk=job.pk).update(log_size=F("log_size") + len(marker))
         job.refresh_from_db()

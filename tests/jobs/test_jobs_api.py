@@ -14,6 +14,7 @@ import zipfile
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from clusters import tenancy
 from clusters import transitions as cluster_transitions
 from clusters.models import Cluster, MetricSample
 from jobs import services, transitions, workdirs
@@ -210,6 +211,23 @@ def test_a_degraded_cluster_interrupts_its_jobs_with_the_reason(
     assert env["VOLT_RESUME_FROM"].endswith("step-00000020")
     assert services.submission_id(again).endswith("-a2")
     assert "[volt: attempt 2 from" in services.read_log(again)["text"]
+
+
+def test_a_resubmission_names_its_checkpoint_as_the_connect_box_names_storage(alice, ready_cluster):
+    """The log banner and the timeline say `~/volt/clusters/…/storage/…`, never this machine's folder
+    behind a local cluster's storage link (the walk saw `/…/var/shared-storage/…`); Ray still gets the
+    path the job can open."""
+    job = services.submit_job(ready_cluster, alice, "python t.py")
+    Job.objects.filter(pk=job.pk).update(status="interrupted", ray_submission_id="x")
+    folder = f"{services.checkpoint_dir(job)}/step-00000020"
+    again = services.resubmit_job(Job.objects.get(pk=job.pk), resume_from=folder)
+    shown = tenancy.storage_location(ready_cluster, "jobs", job.pk, "checkpoints", "step-00000020")
+    assert shown.startswith("~/volt/clusters/")
+    assert f"[volt: attempt 2 from {shown}]" in services.read_log(again)["text"]
+    assert again.events.filter(message__contains=f"resuming from {shown}").exists()
+    assert services.checkpoint_dir(job) not in services.read_log(again)["text"]
+    assert not again.events.filter(message__contains=services.checkpoint_dir(job)).exists()
+    assert services.runtime_env(again)["env_vars"]["VOLT_RESUME_FROM"] == folder
 
 
 def test_a_failed_cluster_fails_its_live_jobs(alice, ready_cluster, django_capture_on_commit_callbacks):

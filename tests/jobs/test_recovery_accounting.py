@@ -128,6 +128,24 @@ def test_steps_lost_is_a_lower_bound_when_the_job_logs_every_few_steps(cluster, 
     assert "at least 5 step(s) lost" in job.events.order_by("-at", "-id").first().message
 
 
+def test_a_checkpoint_at_the_last_logged_step_never_reads_at_least_zero(cluster, alice, client_for):
+    """The walk saw "at least 0 step(s) lost" and "≥ 0": the job logged nothing past its checkpoint."""
+    detected = timezone.now() - timedelta(seconds=10)
+    job = running_job(cluster, alice, steps([1, 5, 10, 15, 20], lambda n: 1_700_000_000 + n))
+    checkpoint(job, 20)
+    fail_and_recover(cluster, job, detected)
+
+    shown = api_record(client_for, alice, cluster)
+    assert shown["steps_lost"] == 0 and shown["steps_lost_is_lower_bound"] is True
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert "≥ 0" not in html and "0 logged" in html
+    message = job.events.order_by("-at", "-id").first().message
+    assert "at least 0" not in message
+    assert "no step logged past it" in message
+
+
 def test_steps_lost_is_exact_when_the_job_logged_every_step(cluster, alice, client_for):
     detected = timezone.now() - timedelta(seconds=10)
     job = running_job(cluster, alice, steps(range(1, 24), lambda n: 1_700_000_000 + n))
