@@ -24,6 +24,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -103,11 +104,15 @@ PROVIDER_WORDS = [
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=int, default=100_000)
+    parser.add_argument("--hosts", type=int, default=100_000, help="hosts to seed (default: 100000)")
     parser.add_argument("--requests", type=int, default=200, help="timed requests per scenario")
     parser.add_argument("--warmup", type=int, default=5, help="untimed requests per scenario first")
-    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--database-url",
+        default=DEFAULT_DATABASE_URL,
+        help=f"a PostgreSQL database the bench may drop and fill (default: {DEFAULT_DATABASE_URL})",
+    )
+    parser.add_argument("--seed", type=int, default=7, help="random seed of the seeded inventory")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     parser.add_argument(
         "--reuse",
@@ -152,6 +157,9 @@ def setup_django(url: str) -> None:
     os.environ.setdefault("SECRET_KEY", "inventory-bench-" + os.urandom(24).hex())
     os.environ.setdefault("ALLOWED_HOSTS", "testserver,localhost,127.0.0.1")
     os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
+    # WhiteNoise warns of a missing STATIC_ROOT on a fresh clone (nothing collected): the bench serves no
+    # static file, so an empty folder of its own stands in.
+    os.environ.setdefault("STATIC_ROOT", tempfile.mkdtemp(prefix="volt-bench-static-"))
     import django
     from django.test.utils import setup_test_environment
 

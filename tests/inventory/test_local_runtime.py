@@ -3,6 +3,7 @@ nothing of Volt; anything else is refused with a message that says how to rebuil
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -70,9 +71,18 @@ def test_a_runtime_without_numpy_is_reported_and_a_rebuild_installs_volts_numpy(
 
     monkeypatch.setattr(local_runtime, "_run", run)
     monkeypatch.setattr(local_runtime, "base_interpreter", lambda: Path("/usr/bin/python3"))
-    call_command("local_runtime", "--rebuild")
+    out = io.StringIO()
+    call_command("local_runtime", "--rebuild", stdout=out)
     assert f"numpy=={pins['numpy']}" in installed
     assert local_runtime.check().ready and local_runtime.check().versions["numpy"] == pins["numpy"]
+    assert re.search(r"\(built in \d+ s\)$", out.getvalue().strip())
+
+    # A ready runtime says so in one line: no stray "(0 s)" line after it (the walk's slip).
+    again = io.StringIO()
+    call_command("local_runtime", stdout=again)
+    assert again.getvalue().strip().splitlines() == [
+        f"local runtime {runtime}: {local_runtime.describe(local_runtime.check())} (ready)"
+    ]
 
 
 def test_missing_default_runtime_falls_back_to_volts_own_python(settings, tmp_path):

@@ -37,8 +37,19 @@ class Command(BaseCommand):
         if os.geteuid() != 0 and not where:
             self.stdout.write("Not root: local hosts run Ray as this user from Volt's own environment.")
         started = time.monotonic()
+        built = []  # the "(built)" line, said with how long the build took (a ready runtime: no timing)
+
+        def log(line: str) -> None:
+            if line.endswith("(built)"):
+                built.append(line)
+            else:
+                self.stdout.write(line)
+
         try:
-            local_runtime.build(where, rebuild=rebuild, log=self.stdout.write)
+            local_runtime.build(where, rebuild=rebuild, log=log)
         except local_runtime.RuntimeMismatch as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"({time.monotonic() - started:.0f} s)")
+        if built:
+            self.stdout.write(
+                f"{built[0].removesuffix('(built)')}(built in {time.monotonic() - started:.0f} s)"
+            )

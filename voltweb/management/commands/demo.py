@@ -118,8 +118,20 @@ class Command(BaseCommand):
                 f"demo-{os.getpid()}@%h",
             ],
             "jobs-worker": [
-                python, "-m", "celery", "-A", "voltweb", "worker", "-Q", "jobs", "-c", "2",
-                "--loglevel", "INFO", "-n", f"demo-jobs-{os.getpid()}@%h",
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "voltweb",
+                "worker",
+                "-Q",
+                "jobs",
+                "-c",
+                "2",
+                "--loglevel",
+                "INFO",
+                "-n",
+                f"demo-jobs-{os.getpid()}@%h",
             ],  # fmt: skip
             "beat": [
                 python,
@@ -214,7 +226,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, request_stop)
         signal.signal(signal.SIGTERM, request_stop)
         started = time.monotonic()
-        seen = _last_cluster_event_id()
+        seen = _last_event_ids()
         while not stop["now"]:
             if exit_after and time.monotonic() - started > exit_after:
                 return
@@ -228,25 +240,49 @@ class Command(BaseCommand):
             seen = self._cluster_changes(seen)
             time.sleep(0.5)
 
-    def _cluster_changes(self, seen: int) -> int:
-        """One terminal line per cluster state change since event `seen`; returns the last event's id."""
+    def _cluster_changes(self, seen: tuple[int, int]) -> tuple[int, int]:
+        """One terminal line per cluster state change, and per job that ended, was interrupted or was
+        resubmitted, since events `seen` (cluster, job); returns the last ones' ids. A note that changes
+        no state ("recovering → recovering") stays in the log file."""
         from clusters.models import ClusterEvent
+        from jobs.models import JobEvent
 
+        cluster_seen, job_seen = seen
         try:
             events = list(
-                ClusterEvent.objects.filter(pk__gt=seen)
+                ClusterEvent.objects.filter(pk__gt=cluster_seen)
                 .exclude(to_status="")
                 .select_related("cluster")
                 .order_by("pk")[:50]
             )
+            job_events = list(
+                JobEvent.objects.filter(pk__gt=job_seen)
+                .exclude(to_status="")
+                .select_related("job")
+                .order_by("pk")[:50]
+            )
         except DatabaseError as exc:  # busy for longer than the timeout: the next round catches up
-            self.log.write(f"demo | reading cluster events: {exc}\n")
+            self.log.write(f"demo | reading cluster and job events: {exc}\n")
             return seen
+        lines = []
         for event in events:
-            when = event.at.astimezone().strftime("%H:%M:%S")
+            if event.from_status == event.to_status:
+                continue
             change = f"{event.from_status or 'new'} → {event.to_status}: {event.message[:200]}"
-            self._say(f"{when} cluster {event.cluster_id} ({event.cluster.name}): {change}")
-        return events[-1].pk if events else seen
+            lines.append((event.at, f"cluster {event.cluster_id} ({event.cluster.name}): {change}"))
+        for event in job_events:
+            if event.from_status == event.to_status or event.to_status not in _JOB_STATES_TO_SAY:
+                continue
+            change = f"{event.from_status or 'new'} → {event.to_status}: {event.message[:200]}"
+            lines.append(
+                (
+                    event.at,
+                    f"job {event.job_id} ({event.job.name}) on cluster {event.job.cluster_id}: {change}",
+                )
+            )
+        for at, line in sorted(lines, key=lambda pair: pair[0]):
+            self._say(f"{at.astimezone().strftime('%H:%M:%S')} {line}")
+        return (events[-1].pk if events else cluster_seen, job_events[-1].pk if job_events else job_seen)
 
     def _stop(self, children) -> None:
         for child in children:
@@ -283,6 +319,9 @@ class Command(BaseCommand):
             self._say(f"Killed {len(leftovers)} leftover Ray process(es).")
 
 
+# A job's changes the terminal names (the rest, e.g. pending → running, stay in the log file and on its page).
+_JOB_STATES_TO_SAY = frozenset({"succeeded", "failed", "stopped", "interrupted", "pending"})
+
 # Log lines a person must see on the terminal: a level of ERROR or CRITICAL, in the formats of Django's
 # LOGGING ("... ERROR name: ..."), Celery ("[...: ERROR/ForkPoolWorker-1] ...") and daphne ("... ERROR ...").
 _ERROR = re.compile(r"(?:^|[\s\[:])(?:ERROR|CRITICAL)[\s/:\]]")
@@ -311,13 +350,18 @@ def _log_this_process_to(log) -> None:
     root.addHandler(handler)
 
 
-def _last_cluster_event_id() -> int:
+def _last_event_ids() -> tuple[int, int]:
+    """The newest cluster and job events' ids: the terminal reports what happens from now on."""
     from clusters.models import ClusterEvent
+    from jobs.models import JobEvent
 
     try:
-        return ClusterEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        return (
+            ClusterEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0,
+            JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0,
+        )
     except DatabaseError:
-        return 0
+        return (0, 0)
 
 
 def _free_port() -> int:
