@@ -4,7 +4,11 @@ from django import forms
 
 from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyLevel
 from inventory.filters import INTERCONNECT_CHOICES
-from inventory.gpu_catalog import BY_MODEL
+from inventory.gpu_catalog import BY_MODEL, FAMILIES
+
+# A family ("H100") takes any of its variants; it reads as such beside them (the walk saw "H100" and
+# "H100-SXM" side by side, as if the same GPU were listed twice).
+MODEL_CHOICES = [(m, f"{m} (any variant)" if m in FAMILIES else m) for m in BY_MODEL]
 
 
 class ClusterForm(forms.Form):
@@ -13,7 +17,7 @@ class ClusterForm(forms.Form):
     nodes = forms.IntegerField(min_value=1, max_value=1024, initial=2)
     gpus_per_node = forms.IntegerField(min_value=1, max_value=16, initial=8, label="GPUs per node")
     gpu_models = forms.MultipleChoiceField(
-        choices=[(m, m) for m in BY_MODEL],
+        choices=MODEL_CHOICES,
         initial=["H100"],
         widget=forms.CheckboxSelectMultiple,
         label="GPU models",

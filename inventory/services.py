@@ -562,6 +562,17 @@ HOST_ACTIONS = {  # in the order the console shows the buttons; the destructive 
     "cordon": HostState.CORDONED,
     "retire": HostState.RETIRED,
 }
+# States a person's action never starts from, though the state machine has the move: an onboarding host
+# becomes available when its discovery passes, never by an uncordon (the console offered one).
+HOST_ACTION_NOT_FROM = {"uncordon": {HostState.ONBOARDING}}
+
+
+def host_action_possible(host: Host, action: str) -> bool:
+    """Whether `action` may be taken on the host in its current state (the console's buttons)."""
+    target = HOST_ACTIONS[action]
+    return host.state not in HOST_ACTION_NOT_FROM.get(
+        action, ()
+    ) and target in transitions.HOST_TRANSITIONS.get(host.state, {})
 
 
 def act_on_host(
@@ -577,6 +588,8 @@ def act_on_host(
     fault drill that made the host fail (a drill cordon, lifted when the drill's cluster ends).
     """
     target = HOST_ACTIONS[action]
+    if host.state in HOST_ACTION_NOT_FROM.get(action, ()):
+        raise transitions.statemachine.IllegalTransition(host, host.state, target)
     extra: dict = {}
     if target == HostState.ONBOARDING:
         validation.check_may_add_host(host.provider, host.driver, actor)

@@ -21,7 +21,6 @@ from inventory.filters import ConsoleHostFilter, ConsoleOfferFilter
 from inventory.forms import FabricForm, HostForm, ProviderForm
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import Provider
-from inventory.transitions import HOST_TRANSITIONS
 from voltweb.services import is_platform_admin
 from voltweb.statemachine import IllegalTransition
 
@@ -101,8 +100,9 @@ def _host_context(request, pk):
     manages = services.can_manage_provider(request.user, host.provider)
     actions = [
         a
-        for a, target in services.HOST_ACTIONS.items()
-        if _allowed(host.state, target) and (manages or services.may_act_on_host(request.user, host, a))
+        for a in services.HOST_ACTIONS
+        if services.host_action_possible(host, a)
+        and (manages or services.may_act_on_host(request.user, host, a))
     ]
     drill = services.drill_keeping_out(host)
     return {
@@ -115,10 +115,6 @@ def _host_context(request, pk):
         "events": services.host_history(host)[:50] if manages else [],
         "in_progress": host.state == HostState.ONBOARDING,
     }
-
-
-def _allowed(state: str, target: str) -> bool:
-    return target in HOST_TRANSITIONS.get(state, {})
 
 
 @login_required

@@ -8,8 +8,12 @@ KINDS = [("demo", "Demo workload (data-parallel training shipped with Volt)"), (
 class JobForm(forms.Form):
     kind = forms.ChoiceField(choices=KINDS, initial="demo", widget=forms.RadioSelect, label="Workload")
     name = forms.CharField(max_length=100, required=False)
-    steps = forms.IntegerField(min_value=1, max_value=100000, initial=60, help_text="Demo: training steps.")
-    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0, help_text="Demo: seed.")
+    # The demo's fields are sent only while the demo is chosen (their fieldset is disabled otherwise).
+    steps = forms.IntegerField(min_value=1, max_value=100000, initial=60, required=False,
+                               help_text="Demo: training steps.")  # fmt: skip
+    seed = forms.IntegerField(
+        min_value=0, max_value=2**31 - 1, initial=0, required=False, help_text="Demo: seed."
+    )
     step_sleep = forms.FloatField(min_value=0, max_value=10, initial=0.2, required=False,
                                   help_text="Demo: seconds per step, to watch it live.")  # fmt: skip
     checkpoint_every = forms.IntegerField(min_value=1, max_value=1_000_000, initial=10,
@@ -20,6 +24,14 @@ class JobForm(forms.Form):
         required=False, widget=forms.Textarea(attrs={"rows": 3}),
         help_text="One NAME=value per line.",
     )  # fmt: skip
+
+    def clean(self):
+        data = super().clean()
+        if data.get("kind") == "demo":
+            for name in ("steps", "seed"):
+                if data.get(name) is None and name not in self.errors:
+                    self.add_error(name, "Required for the demo workload.")
+        return data
 
     def env_dict(self) -> dict[str, str]:
         env = {}

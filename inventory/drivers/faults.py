@@ -107,7 +107,9 @@ class Fault:
 
     @property
     def label(self) -> str:
-        return self.name.replace("_", " ")
+        """The fault as every form, page, message and the API name it ("nvidia_smi_garbage"): the walk found
+        "nvidia smi garbage" in one place and "nvidia_smi_garbage" in the next."""
+        return self.name
 
     def problem(self, kind: HostKind, value: int | None = None) -> tuple[str, str] | None:
         """(field, message) saying why this fault cannot be injected as asked, or None when it can."""

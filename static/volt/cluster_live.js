@@ -9,14 +9,17 @@
   const state = { predicted: null, nodes: [], retry: 0, socket: null, live: true };
   const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
   const fmt = (v, d) => (v == null ? "—" : Number(v).toFixed(d));
+  // Samples carry UTC timestamps and Plotly draws them as given: the axis says so, 24 h like every time.
+  const TIME_AXIS = {title: {text: "time (UTC)"}, type: "date", tickformat: "%H:%M:%S"};
   const layout = (title, ytitle) => ({
-    title: {text: title, font: {size: 13}}, margin: {l: 50, r: 10, t: 30, b: 30},
+    title: {text: title, font: {size: 13}}, margin: {l: 50, r: 10, t: 30, b: 40},
+    xaxis: {...TIME_AXIS},
     yaxis: {title: ytitle, rangemode: "tozero"}, legend: {orientation: "h"}, showlegend: true,
   });
 
   // A chart with no points says so (a terminated cluster that recorded none, a cluster not probed yet).
   const empty = (text) => ({annotations: [{text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5}],
-    xaxis: {visible: false}, yaxis: {visible: false}});
+    xaxis: {...TIME_AXIS, visible: false}, yaxis: {visible: false}});
 
   // Probe samples and the training job's own all-reduces (source "job") are separate traces.
   const JOB_TRACE = "job busbw (training all-reduce)";

@@ -17,6 +17,15 @@
   // offset: where the next text goes on; first: the offset of the first line shown (null: none yet).
   const state = {offset: start, first: null, fetching: false, again: false, retry: 0, status: null, lines: 0};
   const esc = (s) => String(s == null ? "" : s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+  // Sizes as the server's pages print them (Django's filesizeformat, a no-break space): "512 bytes", "4.6 MB".
+  const size = (n) => {
+    if (n < 1024) return n + (n === 1 ? "\u00a0byte" : "\u00a0bytes");
+    const units = ["KB", "MB", "GB", "TB"];
+    let value = n / 1024, unit = 0;
+    while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
+    return value.toFixed(1) + "\u00a0" + units[unit];
+  };
+  const ENDED = ["succeeded", "failed", "stopped"];
   const readable = (offset, limit) => root.dataset.logs + "?readable=1&offset=" + offset + (limit ? "&limit=" + limit : "");
 
   function append(text) {
@@ -32,8 +41,7 @@
     const bar = $("job-log-earlier");
     if (!bar) return;
     bar.hidden = !(state.first > 0);
-    const mb = state.first / 1048576;
-    $("job-log-hidden").textContent = mb >= 1 ? mb.toFixed(1) + " MB" : Math.ceil(state.first / 1024) + " KB";
+    $("job-log-hidden").textContent = size(state.first);
   }
 
   function earlier() {
@@ -96,13 +104,22 @@
       $("job-timeline").appendChild(li);
     }
     state.status = job.status;
+    connection();
+  }
+
+  // "live" while the job may still change; once it ended, the page says so (it still listens: recovery
+  // may resume a failed job of a live cluster).
+  function connection() {
+    if (!state.connected) return;
+    const ended = ENDED.includes(state.status || root.dataset.status);
+    $("job-connection").textContent = ended ? "connected; the job has ended" : "live";
   }
 
   function drawCheckpoints(rows) {
     const body = $("checkpoints-table").querySelector("tbody");
     if (!rows.length) return;
     body.innerHTML = rows.map((c) => `<tr><td class="num">${c.step}</td><td>${c.synchronized ? '<span class="state state-ready">yes</span>' : '<span class="state state-failed">no</span>'}</td>` +
-      `<td>${esc(c.reason) || "—"}</td><td class="num">${(c.size_bytes / 1024).toFixed(1)} KB</td>` +
+      `<td>${esc(c.reason) || "—"}</td><td class="num">${size(c.size_bytes)}</td>` +
       `<td>${voltWhen(c.created, "time") || "—"}</td><td class="mono small">${esc(c.location || c.path)}</td></tr>`).join("");
     body.dataset.synchronized = String(rows.filter((c) => c.synchronized).length);
   }
@@ -118,10 +135,11 @@
   function connect() {
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const socket = new WebSocket(scheme + location.host + root.dataset.ws);
-    socket.onopen = () => { state.retry = 0; $("job-connection").textContent = "live"; };
+    socket.onopen = () => { state.retry = 0; state.connected = true; connection(); };
     socket.onmessage = (m) => { const e = JSON.parse(m.data); (handlers[e.kind] || (() => {}))(e); };
     socket.onclose = (e) => {
       if (e.code === 4404) { $("job-connection").textContent = "not allowed"; return; }
+      state.connected = false;
       const delay = Math.min(30000, 500 * 2 ** state.retry++) * (0.5 + Math.random() / 2);
       $("job-connection").textContent = "reconnecting…";
       setTimeout(connect, delay);

@@ -66,10 +66,12 @@ def test_entrypoint_fieldset_shows_only_for_the_custom_workload(login, form_clus
     page.check("input[name=kind][value=custom]")
     expect(custom).to_be_visible()
     expect(page.locator("#id_entrypoint")).to_be_editable()
+    expect(page.locator("#demo-fields")).to_be_hidden()  # the walk saw "Demo workload" beside an entrypoint
     screenshot(page, "slips-job-form-custom")
 
     page.check("input[name=kind][value=demo]")
     expect(custom).to_be_hidden()
+    expect(page.locator("#demo-fields")).to_be_visible()
 
 
 def test_narrow_cluster_request_shows_the_preview_before_the_request_button(browser, live_stack, screenshot):
@@ -140,10 +142,15 @@ def test_live_checkpoint_rows_keep_the_location_the_page_drew(login, orm, live_s
     page.goto(f"/clusters/{cluster_id}/jobs/{job_id}/")
     cell = page.locator("#checkpoints-table tbody td:nth-child(6)")
     expect(cell).to_have_text(checkpoint["location"])
-    expect(page.locator("#job-connection")).to_have_text("live", timeout=15_000)
+    # An ended job's page does not say "Live: live" (the walk's slip): it is connected, and says the job ended.
+    expect(page.locator("#job-connection")).to_have_text("connected; the job has ended", timeout=15_000)
     event = {"kind": "job_checkpoints", "job": job_id, "checkpoints": [{**checkpoint, "size_bytes": 4096}]}
     orm(_push, live_stack.redis_url, f"cluster-{cluster_id}", event)
-    expect(page.locator("#checkpoints-table tbody td:nth-child(4)")).to_have_text("4.0 KB")
+    expect(page.locator("#checkpoints-table tbody td:nth-child(4)")).to_have_text("4.0\xa0KB")
+    # Sizes drawn live read as the server draws them on a reload (the walk saw "4724.5 KB" then "4.6 MB").
+    event["checkpoints"] = [{**checkpoint, "size_bytes": 4_837_888}]
+    orm(_push, live_stack.redis_url, f"cluster-{cluster_id}", event)
+    expect(page.locator("#checkpoints-table tbody td:nth-child(4)")).to_have_text("4.6\xa0MB")
     expect(cell).to_have_text(checkpoint["location"])
     assert (
         checkpoint["location"].startswith("~/volt/clusters/") and checkpoint["path"] != checkpoint["location"]

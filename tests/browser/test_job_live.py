@@ -188,7 +188,7 @@ def test_times_a_page_draws_live_read_as_the_servers_do(login, screenshot, orm, 
     at = "2025-06-01T14:30:15+00:00"
     page = login("alice")
     page.goto(f"/clusters/{cluster_id}/jobs/{job_id}/")
-    expect(page.locator("#job-connection")).to_have_text("live", timeout=15_000)
+    expect(page.locator("#job-connection")).to_have_text("connected; the job has ended", timeout=15_000)
     group = f"cluster-{cluster_id}"
     job = {"id": job_id, "status": "failed", "status_reason": "a test", "last_step": 10, "first_step_at": at}
     orm(_push, live_stack.redis_url, group, {"kind": "job", "job": job})

@@ -286,3 +286,12 @@ def test_a_cluster_being_repaired_does_not_say_ready_connect(client, alice, rack
     )
     assert box.group(1) == "warn-box" and heading in box.group(2) and "not ready" in box.group(2)
     assert "Ready — connect" not in page and "10.9.0.1:20000" in page  # the details are still there
+
+
+def test_the_request_form_names_a_gpu_family_apart_from_its_variants(client, alice, rack):
+    """The walk saw "H100" beside "H100-SXM" as if one GPU were listed twice: a family reads "any variant"."""
+    client.force_login(alice)
+    form = client.get("/clusters/new/").content.decode()
+    assert "H100 (any variant)" in form and "A100 (any variant)" in form
+    assert "H100-SXM" in form
+    assert "H100-SXM (any variant)" not in form

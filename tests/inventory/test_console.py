@@ -213,3 +213,17 @@ def test_the_flash_after_retry_onboarding_does_not_contradict_the_page(
     assert '<span class="state state-available" id="host-state">Available</span>' in page
     flash = page.split('<ul class="flash">', 1)[1].split("</ul>", 1)[0]
     assert "onboarding started" in flash and "Onboarding" not in flash and "state is now" not in flash
+
+
+def test_an_onboarding_host_offers_no_uncordon_and_refuses_one(client, priya, hosts):
+    """The walk saw an Uncordon button on a host being onboarded: clicking it made the host available
+    without its discovery. Only discovery ends onboarding."""
+    host = hosts["h100"]
+    Host.objects.filter(pk=host.pk).update(state=HostState.ONBOARDING)
+    client.force_login(priya)
+    page = client.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    assert f"/inventory/hosts/{host.pk}/uncordon/" not in page
+    assert f"/inventory/hosts/{host.pk}/retire/" in page  # what may be done still is offered
+    response = client.post(f"/inventory/hosts/{host.pk}/uncordon/", follow=True)
+    assert "cannot go from onboarding to available" in response.content.decode()
+    assert Host.objects.get(pk=host.pk).state == HostState.ONBOARDING

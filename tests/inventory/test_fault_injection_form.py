@@ -113,3 +113,12 @@ def test_a_fault_table_entry_declares_value_range_and_host_kinds():
     assert throttled.content(45) == "45" and fault_table.BY_NAME["gpu_lost"].content() == "0"
     ecc = fault_table.BY_NAME["ecc_uncorrectable"]
     assert ecc.problem(fault_table.HostKind("RTX 4090")) and ecc.problem(fault_table.HostKind("L40S")) is None
+
+
+def test_every_fault_is_named_one_way_in_the_forms_and_the_messages(client, priya, northwind, northwind_ib):
+    """The add-host form offered "nvidia smi garbage" while the host page, drills and API said
+    "nvidia_smi_garbage": the name a person reads is the one they type."""
+    client.force_login(priya)
+    page = client.get(f"/inventory/providers/{northwind.slug}/hosts/new/").content.decode()
+    assert ">nvidia_smi_garbage<" in page and "nvidia smi garbage" not in page
+    assert all(f.label == f.name for f in fault_table.CATALOG)

@@ -149,3 +149,17 @@ def test_without_javascript_the_form_shows_every_fieldset_and_demo_ignores_an_en
     )
     job = Job.objects.get()
     assert job.is_demo and "mine.py" not in job.entrypoint
+
+
+def test_a_custom_job_needs_none_of_the_demos_fields_and_a_demo_needs_them(client, alice, ready_cluster):
+    """The demo's fieldset is hidden and disabled while "My entrypoint" is chosen, so the browser sends no
+    steps or seed: the form takes the custom job, and refuses a demo that lacks them, naming the field."""
+    client.force_login(alice)
+    url = f"/clusters/{ready_cluster.pk}/jobs/new/"
+    assert '<fieldset id="demo-fields" data-shown-when="kind=demo">' in client.get(url).content.decode()
+    demo = client.post(url, {"kind": "demo", "checkpoint_every": 5})
+    assert demo.status_code == 400 and "Required for the demo workload." in demo.content.decode()
+    assert not Job.objects.exists()
+    custom = client.post(url, {"kind": "custom", "entrypoint": "python t.py", "checkpoint_every": 5})
+    job = Job.objects.get()
+    assert custom.status_code == 302 and job.entrypoint == "python t.py" and not job.is_demo
