@@ -192,8 +192,8 @@ def test_provider_admin_onboards_local_host_and_watches_it_become_available(
 @pytest.mark.parametrize(
     ("name", "fault", "code", "detail"),
     [
-        ("iad1-nosmi-01", "nvidia smi missing", "nvidia-smi missing", "nvidia-smi is not installed"),
-        ("iad1-garbage-01", "nvidia smi garbage", "Unreadable hardware report", "output Volt cannot read"),
+        ("iad1-nosmi-01", "nvidia_smi_missing", "nvidia-smi missing", "nvidia-smi is not installed"),
+        ("iad1-garbage-01", "nvidia_smi_garbage", "Unreadable hardware report", "output Volt cannot read"),
     ],
     ids=["nvidia-smi-missing", "nvidia-smi-garbage"],
 )
@@ -211,7 +211,7 @@ def test_onboarding_a_broken_host_shows_why_it_failed(page, login, screenshot, n
     expect(page.locator("#no-gpus")).to_contain_text("No GPUs recorded")
     expect(page.locator("#gpu-table")).to_have_count(0)
     expect(page.get_by_role("button", name="Retry onboarding")).to_be_visible()
-    if fault == "nvidia smi missing":
+    if fault == "nvidia_smi_missing":
         screenshot(page, "host-failed")
 
     page.get_by_role("link", name=NORTHWIND).click()
