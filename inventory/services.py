@@ -569,10 +569,9 @@ HOST_ACTION_NOT_FROM = {"uncordon": {HostState.ONBOARDING}}
 
 def host_action_possible(host: Host, action: str) -> bool:
     """Whether `action` may be taken on the host in its current state (the console's buttons)."""
-    target = HOST_ACTIONS[action]
-    return host.state not in HOST_ACTION_NOT_FROM.get(
-        action, ()
-    ) and target in transitions.HOST_TRANSITIONS.get(host.state, {})
+    if host.state in HOST_ACTION_NOT_FROM.get(action, ()):
+        return False
+    return HOST_ACTIONS[action] in transitions.HOST_TRANSITIONS.get(host.state, {})
 
 
 def act_on_host(

@@ -163,8 +163,8 @@ def failure_headline(message: str) -> str:
     """Ray's failure message as one line: "Job entrypoint command failed with exit code 1" without the
     ", last available logs (truncated to 20,000 chars):" and the logs that follow it (the reason shows the
     log's own last lines)."""
-    first = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
-    first = first.split(", last available logs", 1)[0].rstrip(" :")
+    lines = (message or "").strip().splitlines()
+    first = lines[0].split(", last available logs", 1)[0].rstrip(" :") if lines else ""
     return _shortened(first, REASON_LINE_MAX) or "the entrypoint failed"
 
 

@@ -99,40 +99,15 @@ class Command(BaseCommand):
         # Jobs get a worker of their own: a probe or a provisioning (minutes) must not hold up a job's
         # submission, polls and logs (seconds).
         queues = ",".join(q for q in settings.VOLT_QUEUES if q != "jobs")
+
+        def celery_worker(queues: str, name: str) -> list[str]:
+            return [python, "-m", "celery", "-A", "voltweb", "worker", "-Q", queues, "-c", "2",
+                    "--loglevel", "INFO", "-n", name]  # fmt: skip
+
         commands = {
             "web": [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "voltweb.asgi:application"],
-            "worker": [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "voltweb",
-                "worker",
-                "-Q",
-                queues,
-                "-c",
-                "2",
-                "--loglevel",
-                "INFO",
-                "-n",
-                f"demo-{os.getpid()}@%h",
-            ],
-            "jobs-worker": [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "voltweb",
-                "worker",
-                "-Q",
-                "jobs",
-                "-c",
-                "2",
-                "--loglevel",
-                "INFO",
-                "-n",
-                f"demo-jobs-{os.getpid()}@%h",
-            ],  # fmt: skip
+            "worker": celery_worker(queues, f"demo-{os.getpid()}@%h"),
+            "jobs-worker": celery_worker("jobs", f"demo-jobs-{os.getpid()}@%h"),
             "beat": [
                 python,
                 "-m",
