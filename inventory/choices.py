@@ -92,3 +92,4 @@ class HostEventKind(models.TextChoices):
     DISCOVERY = "discovery", "Discovery"
     ERROR = "error", "Error"
     HEALTH = "health", "Health check"
+    RUNTIME = "runtime", "Runtime"

@@ -1,8 +1,8 @@
 """The Ray runtime of `local` hosts: DESIGN.md "Host runtime".
 
 Each host runs Ray (its nodes, the probe, the team's job drivers) from a Python environment with
-exactly the Ray, torch and numpy that Volt pins. SSH hosts name theirs (`VOLT_HOST_PYTHON`); local hosts
-share this machine and use one venv, the local runtime:
+exactly the Ray, torch and numpy that Volt pins (inventory/host_runtime.py: the pins, and the runtime SSH
+hosts get over SSH). Local hosts share this machine and use one venv, the local runtime:
 
 - built from a system interpreter of Volt's Python minor version in a folder every user can search
   (`/usr/bin/python3.11`), into `VOLT_LOCAL_RUNTIME` (default
@@ -30,27 +30,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from django.conf import settings
 
+from inventory import host_runtime
 from inventory.drivers.base import DriverError
+from inventory.host_runtime import PINNED, pins, python_version  # noqa: F401 - this module's face too
 
-PINNED = ("ray", "torch", "numpy")
-# What the runtime must not hold: code on clusters imports neither Django nor Volt.
-FORBIDDEN = ("django", "voltweb", "inventory", "clusters", "jobs")
-_REPORT = (
-    "import importlib.metadata as m, importlib.util as u, json, sys\n"
-    "pinned, forbidden = json.loads(sys.argv[1])\n"
-    "def v(n):\n"
-    "    try:\n"
-    "        return m.version(n)\n"
-    "    except m.PackageNotFoundError:\n"
-    "        return None\n"
-    "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], 'versions': {n: v(n) for n in pinned},\n"
-    "                  'foreign': [n for n in forbidden if u.find_spec(n) is not None]}))\n"
-)
 _cache: dict[tuple, RuntimeStatus] = {}
 
 
@@ -77,27 +64,16 @@ class RuntimeStatus:
         return self.exists and not self.problems
 
 
-def pins() -> dict[str, str]:
-    """Volt's own Ray, torch and numpy, exactly as installed (`2.13.0+cpu` included): what the runtime must
-    hold."""
-    return {name: metadata.version(name) for name in PINNED}
-
-
 def describe(status: RuntimeStatus) -> str:
     """What the runtime holds of Volt's pins, e.g. "ray 2.60.0, torch 2.13.0, numpy 2.4.6"."""
     return ", ".join(f"{name} {status.versions.get(name) or 'missing'}" for name in PINNED)
 
 
-def python_version() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
 def default_path() -> Path:
-    # Named by Ray and torch only: a runtime built before numpy was pinned keeps its name, so the check
-    # reports it ("numpy missing") and `local_runtime --rebuild` replaces it in place.
-    versions = pins()
-    torch = versions["torch"].split("+")[0]
-    return Path(f"/opt/volt/runtime-ray{versions['ray']}-torch{torch}-py{python_version()}")
+    # Named by the runtime's key (Ray, torch, Python): a runtime built before numpy was pinned keeps its
+    # name, so the check reports it ("numpy missing") and `local_runtime --rebuild` replaces it in place.
+    # The same path as a provider's pre-installed runtime on an SSH host (inventory/host_runtime.py).
+    return Path(f"{host_runtime.SYSTEM_DIR}/runtime-{host_runtime.key()}")
 
 
 def path() -> Path:
@@ -150,7 +126,7 @@ def _inspect(where: Path, python: Path) -> RuntimeStatus:
     try:
         # -I: no PYTHONPATH, no user site: exactly what a Ray node started under `env -i` sees.
         result = subprocess.run(
-            [str(python), "-I", "-c", _REPORT, json.dumps([PINNED, FORBIDDEN])],
+            ["/bin/sh", "-c", host_runtime.report_command(str(python))],
             capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
         )  # fmt: skip
         report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -158,16 +134,7 @@ def _inspect(where: Path, python: Path) -> RuntimeStatus:
         status.problems.append(f"{python} does not run ({exc})")
         return status
     status.versions, status.python_version = report["versions"], report["python"]
-    wanted = pins()
-    for name, version in wanted.items():
-        if status.versions.get(name) != version:
-            status.problems.append(f"{name} {status.versions.get(name) or 'missing'}, Volt pins {version}")
-    if status.python_version != python_version():
-        status.problems.append(f"Python {status.python_version}, Volt runs {python_version()}")
-    if report["foreign"]:
-        status.problems.append(
-            f"it holds {', '.join(report['foreign'])} (code on clusters imports no Volt code)"
-        )
+    status.problems.extend(host_runtime.judge(report))
     if not open_to_others(python):
         status.problems.append("other Unix users cannot run its python (a folder above it is closed)")
     return status
@@ -229,7 +196,6 @@ def build(
     if status.exists and not rebuild:
         raise RuntimeMismatch(mismatch_message(status))
     base = base_interpreter()
-    wanted = pins()
     building = where.with_name(f"{where.name}.building-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
     old_umask = os.umask(0o022)  # every user must read and run it
@@ -238,11 +204,7 @@ def build(
         log(f"local runtime: venv from {base} in {building}")
         _run([str(base), "-m", "venv", str(building)])
         # torch by exact version: `torch==2.13.0` takes the CPU build (a bare `torch` could be a CUDA one).
-        requirements = [
-            f"ray[default]=={wanted['ray']}",
-            f"torch=={wanted['torch'].split('+')[0]}",
-            f"numpy=={wanted['numpy']}",
-        ]
+        requirements = host_runtime.requirements()
         log(f"local runtime: pip install {' '.join(requirements)}")
         _run([str(building / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
               "--no-input", *requirements])  # fmt: skip

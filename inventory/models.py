@@ -182,6 +182,13 @@ class Host(models.Model):
         help_text='What the host runs, from the last discovery: {"os", "os_id", "kernel", "arch", "pythons": '
         '[{"path", "version"}], "driver_version", "cuda_version", "user", "privilege": root|sudo|none}.',
     )
+    runtime = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Volt\'s runtime on the host (SSH hosts; inventory/host_runtime.py): {"state": '
+        'installing|ready|failed|waiting, "step", "message", "key", "path", "python", "versions", '
+        '"python_version", "problems", "installed_by": volt|provider, "ready", "took_s", "checked_at"}.',
+    )
     onboarding_started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)

@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.debug import sensitive_variables
 
-from inventory import onboarding, transitions, validation
+from inventory import host_runtime, onboarding, transitions, validation
 from inventory.capacity import bump_capacity_version, capacity_version  # noqa: F401 - the app's face
 from inventory.choices import (
     INTERCONNECT_FAMILIES,
@@ -80,7 +80,7 @@ from inventory.models import (
     Site,
 )
 from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
-from voltweb import crypto, realtime
+from voltweb import crypto
 from voltweb.celery import app
 from voltweb.services import is_platform_admin, is_team_admin
 from voltweb.taskutils import enqueue_on_commit
@@ -178,8 +178,16 @@ def host_event_for(user: AbstractBaseUser, host_id: int, event: dict) -> tuple[b
 
 
 def offerable_hosts() -> QuerySet[Host]:
-    """Hosts that placement may use: available, from an approved provider."""
-    return Host.objects.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
+    """Hosts that placement may use: available, from an approved provider, with Volt's runtime ready."""
+    return Host.objects.filter(
+        runtime_ready_q(), state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED
+    )
+
+
+def runtime_ready_q() -> Q:
+    """Local hosts (the local runtime of this machine), and SSH hosts whose recorded runtime is a ready
+    one of Volt's current pins (inventory/runtimes.py installs and records it)."""
+    return ~Q(driver=DriverKind.SSH) | Q(runtime__key=host_runtime.key(), runtime__ready=True)
 
 
 # --- providers ---------------------------------------------------------------------------------------
@@ -510,6 +518,8 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     if seen_key and not host.ssh_host_key:
         extra["ssh_host_key"] = seen_key  # trust on first use, pinned from now on
     transitions.transition_host(host, HostState.AVAILABLE, reason=summary, extra=extra)
+    if host.driver == DriverKind.SSH:  # the host joins the offers once its runtime is ready
+        enqueue_on_commit("inventory.tasks.install_runtime_task", host.pk)
     refresh_free_capacity([host.pk, *moved_from])
     capacity_changed()
     if host.driver == DriverKind.LOCAL:
@@ -549,8 +559,7 @@ def capacity_changed() -> None:
 
 
 def _event(host: Host, kind: str, message: str) -> None:
-    HostEvent.objects.create(host=host, kind=kind, message=message)
-    realtime.broadcast(f"host-{host.pk}", {"kind": kind, "message": message})
+    transitions.note_host(host, kind, message)
 
 
 # --- hosts: lifecycle actions by provider admins -----------------------------------------------------

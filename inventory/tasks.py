@@ -1,6 +1,6 @@
 """Thin Celery tasks for the inventory: load by id, call a service."""
 
-from inventory import services
+from inventory import runtimes, services
 from voltweb.taskutils import volt_task
 
 
@@ -20,3 +20,15 @@ def reap_stuck_onboarding() -> int:
 def health_sweep() -> dict:
     """Check every schedulable host's GPUs and reachability; cordon or mark offline what fails."""
     return services.health_sweep()
+
+
+@volt_task("provisioning", soft_time_limit=1900, time_limit=1960)
+def install_runtime_task(host_id: int) -> str:
+    """Install (or verify) Volt's runtime on an SSH host; the host joins the offers when it is ready."""
+    return runtimes.install_runtime(host_id).runtime.get("state", "")
+
+
+@volt_task("monitoring", soft_time_limit=50, time_limit=60)
+def refresh_runtimes() -> int:
+    """Bring idle SSH hosts' runtimes up to Volt's current pins (busy ones after their cluster ends)."""
+    return runtimes.refresh_runtimes()

@@ -88,6 +88,13 @@ def transition_host(
     return moved
 
 
+def note_host(host: Host, kind: str, message: str) -> HostEvent:
+    """A line in the host's history, shown live on its page."""
+    event = HostEvent.objects.create(host=host, kind=kind, message=message)
+    realtime.broadcast(f"host-{host.pk}", {"kind": kind, "message": message})
+    return event
+
+
 def transition_provider(provider: Provider, to: str, extra: dict | None = None) -> Provider:
     return statemachine.apply(provider, to, PROVIDER_TRANSITIONS, field="status", extra=extra)
 

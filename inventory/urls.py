@@ -9,6 +9,7 @@ urlpatterns = [
     path("hosts/<int:pk>/", views.host_detail, name="host"),
     path("hosts/<int:pk>/status/", views.host_status, name="host-status"),
     path("hosts/<int:pk>/faults/", views.host_faults, name="host-faults"),
+    path("hosts/<int:pk>/runtime/", views.host_runtime, name="host-runtime"),
     path("hosts/<int:pk>/<str:action>/", views.host_action, name="host-action"),
     path("providers/", views.providers, name="providers"),
     path("providers/new/", views.provider_new, name="provider-new"),

@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from inventory import services, validation
+from inventory import runtimes, services, validation
 from inventory.choices import DriverKind, FabricKind, HostState
 from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
@@ -113,7 +113,12 @@ def _host_context(request, pk):
         "gpus": host.gpus.all(),
         "ports": host.ports.all() if manages else [],
         "events": services.host_history(host)[:50] if manages else [],
-        "in_progress": host.state == HostState.ONBOARDING,
+        "in_progress": host.state == HostState.ONBOARDING
+        or (host.runtime or {}).get("state") in ("queued", "installing"),
+        "runtime_summary": runtimes.summary(host.runtime) if (host.runtime or {}).get("versions") else "",
+        "may_install_runtime": manages
+        and runtimes.needs_runtime(host)
+        and host.state in runtimes.KEPT_STATES,
     }
 
 
@@ -153,6 +158,21 @@ def host_faults(request, pk):
 def host_status(request, pk):
     """The live part of the host page, re-fetched by htmx when the websocket says something changed."""
     return render(request, "inventory/_host_status.html", _host_context(request, pk))
+
+
+@login_required
+@require_POST
+def host_runtime(request, pk):
+    """Install (or verify) Volt's runtime on an SSH host the user manages; a worker does it."""
+    host = get_object_or_404(services.visible_hosts(request.user).select_related("provider"), pk=pk)
+    if not services.can_manage_provider(request.user, host.provider):
+        raise Http404("No such host among yours.")
+    try:
+        runtimes.queue_install(host, actor=request.user)
+        messages.success(request, f"{host.name}: Volt's runtime is being installed; the page follows it.")
+    except runtimes.RuntimeRefused as exc:
+        messages.error(request, str(exc))
+    return redirect("inventory:host", pk=host.pk)
 
 
 @login_required

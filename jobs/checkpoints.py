@@ -10,15 +10,13 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from django.conf import settings
-
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import (
     node_user_prefix,
     ray_cluster_id,
     storage_location,
 )
-from inventory import local_runtime
+from inventory import local_runtime, runtimes
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
@@ -49,7 +47,7 @@ def scan_storage(job: Job) -> list[dict]:
         else:
             workdir = ray_nodes.workdir_for(ray_cluster_id(job.cluster))
             driver.copy_file(WORKLOADS_DIR / CKPT_MODULE, f"{workdir}/{CKPT_MODULE}")
-            module, python = f"$HOME/{workdir}/{CKPT_MODULE}", settings.VOLT_HOST_PYTHON
+            module, python = f"$HOME/{workdir}/{CKPT_MODULE}", runtimes.python_of(head.host)
         # No folder yet: no checkpoints. A scan that fails (no Python, the module missing, a folder the
         # cluster's user cannot read) is an error, not "no checkpoints": recovery would resume from scratch
         # without a word. The module is read by Volt's shell and handed over as code: the cluster's user

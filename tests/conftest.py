@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 from rest_framework.test import APIClient
 
-from inventory import services
+from inventory import host_runtime, services
 from inventory.choices import DriverKind, FabricKind, HostState
 from inventory.models import GPU, Host
 from voltweb import services as accounts
@@ -165,6 +165,16 @@ def add_local_host():
 _serial = itertools.count(1)
 
 
+def ready_runtime() -> dict:
+    """The runtime record of an SSH host whose runtime of Volt's pins was installed and verified."""
+    path = f"{host_runtime.SYSTEM_DIR}/runtime-{host_runtime.key()}"
+    return {
+        "state": "ready", "ready": True, "key": host_runtime.key(), "path": path, "python": f"{path}/bin/python",
+        "exists": True, "versions": host_runtime.pins(), "python_version": host_runtime.python_version(),
+        "problems": [], "installed_by": "volt",
+    }  # fmt: skip
+
+
 @pytest.fixture
 def make_host():
     """An available host with healthy GPUs (one NVLink domain unless `domains` splits them)."""
@@ -185,6 +195,7 @@ def make_host():
             gpu_model=model,
             gpu_count=gpus,
             nvlink_domain_size=gpus // domains,
+            runtime=ready_runtime(),
         )
         per_domain = gpus // domains
         GPU.objects.bulk_create(

@@ -13,6 +13,11 @@ SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "monitoring"},
     },
+    "refresh-host-runtimes": {  # SSH hosts whose runtime is not of Volt's current pins, when idle
+        "task": "inventory.tasks.refresh_runtimes",
+        "schedule": 300.0,
+        "options": {"queue": "monitoring"},
+    },
     "host-health-sweep": {
         "task": "inventory.tasks.health_sweep",
         "schedule": 120.0,

@@ -329,8 +329,8 @@ if not all(p.isdigit() and 0 < int(p) < 65536 for p in VOLT_SERVICE_PORTS):
         "VOLT_SERVICE_PORTS must be comma-separated TCP ports (1-65535), e.g. 8000,8443"
     )
 VOLT_SERVICE_PORTS = [int(p) for p in VOLT_SERVICE_PORTS]
-# Python that runs `ray start` on ssh hosts (local hosts use the local runtime, below).
-VOLT_HOST_PYTHON = env_str("VOLT_HOST_PYTHON", "python3")
+# SSH hosts run Ray from Volt's runtime, which Volt installs on each over SSH (inventory/host_runtime.py),
+# from a wheelhouse built once under VOLT_DATA_DIR/wheelhouse/; local hosts use the local runtime, below.
 # The venv local hosts run Ray, the probe and job drivers from (inventory/local_runtime.py; built by
 # `manage.py local_runtime`). Empty: /opt/volt/runtime-ray<ray>-torch<torch>-py<x.y> if it exists, else
 # Volt's own environment (then a cluster's Unix user cannot be used). Set to a missing folder: refused.

@@ -26,7 +26,7 @@ from clusters.tenancy import (
     ray_cluster_id,
     shared_storage_dir,
 )
-from inventory import local_runtime
+from inventory import local_runtime, runtimes
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError, fan_out
@@ -66,6 +66,7 @@ def bring_up(cluster: Cluster) -> None:
     """Prepare the hosts, start the head and the workers, wait until all are ALIVE. Raises HostsFailed."""
     ensure_keys(cluster)
     nodes = assign_slots(cluster)
+    _check_runtimes(nodes)
     drivers = [inventory.driver_for(node.host) for node in nodes]
     try:
         run_as = _node_user(cluster, nodes, drivers)
@@ -179,12 +180,19 @@ def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.Node
 
 
 def python_for(host: Host) -> str:
-    """The Python a host runs Ray, the probe and job drivers from (DESIGN.md "Host runtime")."""
-    return (
-        local_runtime.python_for_local_hosts()
-        if host.driver == DriverKind.LOCAL
-        else settings.VOLT_HOST_PYTHON
-    )
+    """The Python a host runs Ray, the probe and job drivers from (DESIGN.md "Host runtime"): the local
+    runtime on local hosts, the host's own recorded runtime on SSH hosts (inventory/runtimes.py)."""
+    if host.driver == DriverKind.LOCAL:
+        return local_runtime.python_for_local_hosts()
+    return runtimes.python_of(host)
+
+
+def _check_runtimes(nodes: list[ClusterNode]) -> None:
+    """Head and workers run exactly Volt's pins (Volt submits and reads over Ray's HTTP API: the same Ray):
+    each SSH node's runtime is checked on the host before Ray starts; a mismatch names the host and the fix."""
+    refused = runtimes.check_nodes([node.host for node in nodes])
+    if refused:
+        raise HostsFailed(list(refused), "; ".join(refused.values()))
 
 
 def node_env(host: Host) -> dict[str, str]:

@@ -227,6 +227,7 @@ class HostDetailSerializer(HostViewSerializer):
             "error_message",
             "discovery",
             "system",
+            "runtime",
             "created_at",
         ]
         read_only_fields = fields

@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
-from inventory import services
+from inventory import runtimes, services
 from inventory.api import serializers as s
 from inventory.drivers import faults as fault_table
 from inventory.drivers.base import DriverError
@@ -223,6 +223,20 @@ class HostViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def rediscover(self, request, pk=None):
         return self._act(request, pk, "rediscover")
+
+    @extend_schema(
+        description="Install Volt's runtime on an SSH host, or verify the one there (202: a worker does it; "
+        "`runtime.state` and `runtime.step` follow it). A host joins the offers once its runtime is ready.",
+        request=None,
+        responses={202: s.HostDetailSerializer, 409: ErrorResponseSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def runtime(self, request, pk=None):
+        host = self.get_object()
+        if not self._manages(host):
+            raise NotFound("No such host among your provider's hosts.")
+        host = runtimes.queue_install(host, actor=request.user)
+        return Response(self._shown(host), status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(methods=["get"], request=None, responses={200: s.HostFaultsSerializer, **ERRORS})
     @extend_schema(

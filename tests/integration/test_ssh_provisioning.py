@@ -16,6 +16,7 @@ import pytest
 from clusters.models import Allocation, Cluster
 from clusters.provision import ray_cluster_id
 from clusters.provisioning import ray_nodes
+from inventory import runtimes
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.local import create_sandbox
@@ -31,7 +32,6 @@ def ssh_hosts(sshd_factory, tmp_path, northwind, northwind_ib, settings):
     settings.VOLT_PROBE_MAX_MB = 4
     settings.VOLT_PROBE_ITERS = 3
     settings.VOLT_NODE_JOIN_TIMEOUT_S = 60
-    settings.VOLT_HOST_PYTHON = sys.executable  # the Python with the platform's pinned Ray on these hosts
     hosts = []
     for i, address in enumerate(("127.0.0.31", "127.0.0.32")):
         sandbox = tmp_path / f"host{i}"
@@ -54,6 +54,10 @@ def ssh_hosts(sshd_factory, tmp_path, northwind, northwind_ib, settings):
         )
         host = inventory.onboard_host(inventory.add_host(northwind, request, queue=False).pk)
         assert host.state == "available", host.error_message
+        # Volt's runtime: the local runtime of this box sits where a provider pre-installs one
+        # (/opt/volt/runtime-<key>); Volt verifies it rather than installing (tests/lab installs one).
+        host = runtimes.install_runtime(host.pk)
+        assert host.runtime["state"] == "ready", host.runtime
         hosts.append((host, sandbox))
     yield hosts
     for cluster in Cluster.objects.all():

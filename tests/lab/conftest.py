@@ -14,11 +14,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
+from inventory import services
+from inventory.choices import DriverKind
 from inventory.drivers.ssh import SshDriver
 from inventory.lab import operations, state
 
@@ -138,3 +141,22 @@ def make_lab(lab_number, lab_base, tmp_path_factory) -> Iterator:
 
     yield up
     lab.manage("down", check=False)
+
+
+def onboard_machine(lab: Lab, provider, fabric, name: str):
+    """What a provider admin does for a real machine: its address, port, user and key (the host key is
+    learnt on first use)."""
+    status = lab.status()
+    machine = status.machine(name)
+    request = services.HostRequest(
+        name=name,
+        block=fabric.blocks.first(),
+        driver=DriverKind.SSH,
+        price_per_gpu_hour=Decimal("2.10"),
+        address=machine.gate,
+        ssh_port=machine.gate_port,
+        ssh_user=status.login_user,
+        ssh_private_key=status.key_path.read_text(),
+    )
+    host = services.add_host(provider, request, queue=False)
+    return services.onboard_host(host.pk)

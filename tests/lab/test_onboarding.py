@@ -4,12 +4,11 @@ machine (its own host name)."""
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import pytest
 
 from inventory import services
-from inventory.choices import DriverKind, HostState
+from inventory.choices import HostState
+from tests.lab.conftest import onboard_machine
 
 pytestmark = [pytest.mark.django_db]
 
@@ -42,27 +41,8 @@ def lab(make_lab):
     return make_lab(TOPOLOGY)
 
 
-def onboard(lab, provider, fabric, name: str):
-    """What a provider admin does for a real machine: its address, port, user and key (the host key is
-    learnt on first use)."""
-    status = lab.status()
-    machine = status.machine(name)
-    request = services.HostRequest(
-        name=name,
-        block=fabric.blocks.first(),
-        driver=DriverKind.SSH,
-        price_per_gpu_hour=Decimal("2.10"),
-        address=machine.gate,
-        ssh_port=machine.gate_port,
-        ssh_user=status.login_user,
-        ssh_private_key=status.key_path.read_text(),
-    )
-    host = services.add_host(provider, request, queue=False)
-    return services.onboard_host(host.pk)
-
-
 def test_lab_machines_are_onboarded_through_their_gates_by_the_ssh_driver(lab, northwind, northwind_ib):
-    hosts = {name: onboard(lab, northwind, northwind_ib, name) for name in ("nw-01", "nw-02")}
+    hosts = {name: onboard_machine(lab, northwind, northwind_ib, name) for name in ("nw-01", "nw-02")}
 
     for host in hosts.values():
         assert host.state == HostState.AVAILABLE, host.error_message

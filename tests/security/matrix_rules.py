@@ -110,6 +110,7 @@ ROUTES: dict[str, Rule] = {
     "jobs:log": R("job"),  # the whole stored log as a file: whoever may see the job
     "jobs:stop": R("job", methods=("POST",)),
     "inventory:host-faults": R("private_host", methods=("POST",), body={"fault": "hot"}),
+    "inventory:host-runtime": R("private_host", methods=("POST",)),
     "healthz": R("public"),
     "admin": R("platform_admin"),  # every page of the admin site but these two:
     "admin:login": R("public"),
@@ -164,6 +165,7 @@ ROUTES: dict[str, Rule] = {
     "api:host-retire": R("private_host"),
     "api:host-rediscover": R("private_host"),
     "api:host-faults": R("private_host", body={"fault": "hot"}),
+    "api:host-runtime": R("private_host"),
     # Measured figures a provider uploads for its hosts (issue 23): the hosts' provider admins and platform
     # admins; everyone else is refused (403, or 400 for a host they do not manage).
     "api:bandwidth-sample-list": R(

@@ -24,9 +24,9 @@ from inventory import services as inventory
 from inventory.drivers.base import HostDriver, HostUnreachable
 from inventory.models import Host
 from voltweb import services as accounts
-from voltweb.celery import app as celery_app
 from voltweb.choices import TeamRole
 from voltweb.periodic import SCHEDULE
+from voltweb.taskutils import registered
 
 pytestmark = pytest.mark.django_db
 
@@ -257,7 +257,7 @@ def test_a_user_that_could_not_be_removed_is_retried_by_the_reaper_until_it_is_g
     assert f"user {name}" in cluster.events.order_by("-at", "-id").filter(to_status="terminated")[0].message
     assert Cluster.objects.get(pk=cluster.pk).node_user_removed_at is None  # pending removal
 
-    reaper = celery_app.tasks[SCHEDULE["reap-cluster-leftovers"]["task"]]
+    reaper = registered(SCHEDULE["reap-cluster-leftovers"]["task"])
     assert reaper.apply().get()["node_users_removed"] == 0  # still refused: still pending
     monkeypatch.undo()
     assert reaper.apply().get()["node_users_removed"] == 1
@@ -271,7 +271,7 @@ def test_the_reaper_ends_the_drills_of_a_cluster_whose_worker_died_at_its_end(cl
     recovery_cordons(cluster, second)
     Cluster.objects.filter(pk=cluster.pk).update(status="terminated")  # the worker died right after
 
-    reaper = celery_app.tasks[SCHEDULE["reap-cluster-leftovers"]["task"]]
+    reaper = registered(SCHEDULE["reap-cluster-leftovers"]["task"])
     assert reaper.apply().get()["clusters_drills_ended"] == 1
     second.refresh_from_db()
     assert second.state == "available" and faults(second) == {}
