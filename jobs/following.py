@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import shlex
 import time
 from datetime import UTC, datetime
@@ -148,7 +149,7 @@ def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
         if not logs.strip():  # its log had all been read by earlier polls: the last stored lines
             stored = job.log_chunks.filter(attempt=job.attempt).order_by("-offset").first()
             logs = stored.text if stored else ""
-        tail = "\n".join(_shortened(line, REASON_LINE_MAX) for line in logs.strip().splitlines()[-5:])
+        tail = "\n".join(_shortened(line, REASON_LINE_MAX) for line in reason_lines(logs))
         reason = failure_headline(message) + (f"\n{tail}" if tail else "")
     extra["status_reason"] = reason[:2000]
     return _stale_safe(job, target, reason[:2000], extra, submission)
@@ -157,6 +158,17 @@ def _follow_status(job: Job, ray_status: str, message: str, logs: str) -> Job:
 # A failed job's reason is read in a red box and a timeline line: Ray's first line and the log's last
 # lines, each this long at most (Ray's message carries the whole log, or a state dump, after its first line).
 REASON_LINE_MAX = 300
+
+
+# A traceback's marker line under the failing expression ("    ^^^^^^", "~~~~^^^"), after its Ray prefix.
+_MARKERS = re.compile(r"^(\([^)]*\)\s*)?[\s^~]*$")
+
+
+def reason_lines(logs: str, count: int = 5) -> list[str]:
+    """The log's last `count` lines as people read them (jobs/logtext: no colour codes, events as
+    sentences), without blank lines and a traceback's ^^^ marker lines."""
+    lines = [line.strip() for line in logtext.readable(logs).splitlines()]
+    return [line for line in lines if line and not _MARKERS.match(line)][-count:]
 
 
 def failure_headline(message: str) -> str:

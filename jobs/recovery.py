@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.db.models import OuterRef, QuerySet, Subquery, Sum
+from django.db.models import Max, OuterRef, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from clusters.models import Recovery, RecoveryJob
@@ -99,6 +99,15 @@ def gpu_hours_lost(job: Job) -> float:
     else:
         total = RecoveryJob.objects.filter(job_id=job.pk).aggregate(total=Sum("gpu_hours_lost"))["total"]
     return round(total or 0.0, 4)
+
+
+def step_reached_before(job: Job) -> int | None:
+    """The highest step an earlier attempt of the job reached (its recoveries' records), or None: a
+    resubmitted job restarts from its checkpoint's step, so its own `last_step` says where it is now, not
+    how far it had come."""
+    if job.attempt <= 1:
+        return None
+    return RecoveryJob.objects.filter(job_id=job.pk).aggregate(top=Max("last_step"))["top"]
 
 
 def with_gpu_hours_lost(jobs: QuerySet[Job]) -> QuerySet[Job]:

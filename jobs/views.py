@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from clusters.models import Cluster
-from jobs import services
+from jobs import recovery, services
 from jobs.api.serializers import JobSubmitSerializer
 from jobs.api.views import submit_from
 from jobs.choices import LIVE, WAITING
@@ -70,6 +70,7 @@ def job_detail(request, cluster_id, pk):
         "events": job.events.all(),
         "can_stop": job.status in LIVE | WAITING,
         "log_tail": services.LOG_PAGE_MAX,
+        "step_reached_before": recovery.step_reached_before(job),
     }
     return render(request, "jobs/detail.html", context)
 

@@ -70,6 +70,10 @@ class JobSerializer(serializers.ModelSerializer):
     gpu_hours_lost = serializers.SerializerMethodField(
         help_text="GPU-hours lost to node failures (recoveries)."
     )
+    step_reached_before = serializers.SerializerMethodField(
+        help_text="The highest step an earlier attempt reached (null on a first attempt): a resubmitted job "
+        "restarts from its checkpoint's step, so `last_step` says where it is now."
+    )
     env = serializers.DictField(
         child=serializers.CharField(), read_only=True, help_text="The caller's environment variables."
     )
@@ -80,12 +84,16 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "cluster", "cluster_name", "team", "created_by", "status", "status_reason",
             "entrypoint", "env", "checkpoint_every", "is_demo", "attempt", "resume_from",
             "ray_submission_id", "created_at", "submitted_at", "started_at", "finished_at",
-            "first_step_at", "last_step", "stop_requested_at", "result", "log_size", "gpu_hours_lost",
+            "first_step_at", "last_step", "step_reached_before", "stop_requested_at", "result", "log_size",
+            "gpu_hours_lost",
         ]  # fmt: skip
         read_only_fields = fields
 
     def get_gpu_hours_lost(self, job) -> float:
         return recovery.gpu_hours_lost(job)
+
+    def get_step_reached_before(self, job) -> int | None:
+        return recovery.step_reached_before(job)
 
 
 class JobEventSerializer(serializers.ModelSerializer):

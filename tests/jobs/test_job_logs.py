@@ -187,6 +187,33 @@ def test_a_failed_jobs_reason_is_rays_first_line_and_the_logs_last_lines_not_a_d
     assert job.events.get(to_status="failed").message == job.status_reason
 
 
+def test_a_failed_jobs_reason_reads_as_the_readable_log_not_colour_codes_and_carets(job_on_head, monkeypatch):
+    """Issue 24's second walk: the red box showed "\x1b[36m(TrainRank pid=10786)\x1b[0m" as control glyphs
+    and a traceback's "^^^^^^" marker line. The reason's log lines are the readable log's (jobs/logtext)."""
+    job, log_file, ray = job_on_head
+    tail = (
+        "\x1b[36m(TrainRank pid=10786)\x1b[0m Traceback (most recent call last):\n"
+        '\x1b[36m(TrainRank pid=10786)\x1b[0m     raise RuntimeError(f"rank {rank} fails at step {step}")\n'
+        "\x1b[36m(TrainRank pid=10786)\x1b[0m     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "\x1b[36m(TrainRank pid=10786)\x1b[0m RuntimeError: demo_train: rank 0 fails at step 51\n"
+    )
+    log_file.write_bytes((log_lines(0, 20) + tail).encode())
+    ray.status = "FAILED"
+    monkeypatch.setattr(
+        ray,
+        "get_job_info",
+        lambda sid: SimpleNamespace(status="FAILED", message="Job entrypoint command failed"),
+    )
+    while Job.objects.get(pk=job.pk).status == "running":
+        services.poll_job(job.pk)
+    job.refresh_from_db()
+    assert "\x1b" not in job.status_reason and "^^^" not in job.status_reason
+    assert (
+        job.status_reason.splitlines()[-1]
+        == "(TrainRank pid=10786) RuntimeError: demo_train: rank 0 fails at step 51"
+    )
+
+
 def test_a_head_host_that_cannot_be_read_falls_back_to_rays_api(job_on_head, head_host):
     job, log_file, ray = job_on_head
     log_file.write_bytes(log_lines(0, 300).encode())

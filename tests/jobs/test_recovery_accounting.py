@@ -112,6 +112,12 @@ def test_gpu_hours_count_the_downtime_once_and_run_until_training_steps_again(cl
     assert "Job resubmitted after" in html and "Training stepped again after" in html
     assert "40.9 s" in html
 
+    # The job's own page and API: where it is now (back from the checkpoint) and how far it had come (the
+    # walk saw a failed resubmitted job show only its checkpoint's step).
+    assert (job_body["last_step"], job_body["step_reached_before"]) == (21, 25)
+    html = page.get(f"/clusters/{cluster.pk}/jobs/{job.pk}/").content.decode()
+    assert "(resumed; an earlier attempt reached 25)" in html
+
 
 def test_steps_lost_is_a_lower_bound_when_the_job_logs_every_few_steps(cluster, alice, client_for):
     detected = timezone.now() - timedelta(seconds=10)

@@ -4,6 +4,7 @@ was interrupted or was resubmitted; notes that change no state stay in the log f
 from __future__ import annotations
 
 import io
+import re
 
 from django.core.management.base import OutputWrapper
 
@@ -40,11 +41,15 @@ def test_the_terminal_names_state_changes_and_jobs_that_fail_but_not_notes(team_
         job=job, from_status="interrupted", to_status="pending", message="resubmitted as attempt 2"
     )
     JobEvent.objects.create(job=job, from_status="pending", to_status="running", message="Ray says RUNNING")
-    JobEvent.objects.create(job=job, from_status="running", to_status="failed", message="exit code 1")
+    JobEvent.objects.create(
+        job=job, from_status="running", to_status="failed", message="exit code 1\n\tpid: 10786\n^^^^"
+    )
     seen = command._cluster_changes(seen)
 
     lines = out.getvalue().splitlines()
-    assert [line.split(" ", 1)[1] for line in lines] == [
+    # One line each (a multi-line reason's first line), the time in UTC as the console shows it.
+    assert all(re.match(r"^\d\d:\d\d:\d\d UTC ", line) for line in lines), lines
+    assert [line.split(" UTC ", 1)[1] for line in lines] == [
         f"cluster {cluster.pk} (c1): ready → recovering: h1 died",
         f"job {job.pk} (train) on cluster {cluster.pk}: running → interrupted: h1 died",
         f"job {job.pk} (train) on cluster {cluster.pk}: interrupted → pending: resubmitted as attempt 2",

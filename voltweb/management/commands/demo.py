@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+from datetime import UTC
 from pathlib import Path
 
 from django.conf import settings
@@ -243,12 +244,12 @@ class Command(BaseCommand):
         for event in events:
             if event.from_status == event.to_status:
                 continue
-            change = f"{event.from_status or 'new'} → {event.to_status}: {event.message[:200]}"
+            change = f"{event.from_status or 'new'} → {event.to_status}: {_first_line(event.message)}"
             lines.append((event.at, f"cluster {event.cluster_id} ({event.cluster.name}): {change}"))
         for event in job_events:
             if event.from_status == event.to_status or event.to_status not in _JOB_STATES_TO_SAY:
                 continue
-            change = f"{event.from_status or 'new'} → {event.to_status}: {event.message[:200]}"
+            change = f"{event.from_status or 'new'} → {event.to_status}: {_first_line(event.message)}"
             lines.append(
                 (
                     event.at,
@@ -256,7 +257,7 @@ class Command(BaseCommand):
                 )
             )
         for at, line in sorted(lines, key=lambda pair: pair[0]):
-            self._say(f"{at.astimezone().strftime('%H:%M:%S')} {line}")
+            self._say(f"{at.astimezone(UTC).strftime('%H:%M:%S')} UTC {line}")  # as the console shows times
         return (events[-1].pk if events else cluster_seen, job_events[-1].pk if job_events else job_seen)
 
     def _stop(self, children) -> None:
@@ -292,6 +293,12 @@ class Command(BaseCommand):
             self._say(f"Terminated {len(stopped)} cluster(s): {', '.join(stopped)}.")
         if leftovers:
             self._say(f"Killed {len(leftovers)} leftover Ray process(es).")
+
+
+def _first_line(message: str, limit: int = 200) -> str:
+    """A reason's first line (a failed job's carries the log's last lines below it), at most `limit` long."""
+    line = (message or "").strip().split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 # A job's changes the terminal names (the rest, e.g. pending → running, stay in the log file and on its page).
