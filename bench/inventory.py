@@ -379,9 +379,20 @@ def _copy_gpus(cur, plan: list[tuple[int, str, int, int, str]], rng: random.Rand
 
 
 def _columns_and_defaults(model, filled: list[str]) -> tuple[list[str], str]:
-    """The COPY column list: `filled`, then the model's other columns with their defaults as one text suffix."""
+    """The COPY column list: `filled`, then the model's other columns with their defaults as one text suffix
+    (a host's runtime: a ready one of Volt's pins, as an onboarded SSH host's; else it is never offered)."""
     others = [f for f in model._meta.concrete_fields if f.column not in filled and not f.primary_key]
-    return filled + [f.column for f in others], "".join("\t" + _copy_text(f.get_default()) for f in others)
+    values = {f.column: f.get_default() for f in others}
+    if model._meta.label == "inventory.Host":
+        values["runtime"] = _ready_runtime()
+    return filled + [f.column for f in others], "".join("\t" + _copy_text(values[f.column]) for f in others)
+
+
+def _ready_runtime() -> dict:
+    from inventory import host_runtime
+
+    return {"state": "ready", "ready": True, "key": host_runtime.key(), "versions": host_runtime.pins(),
+            "python_version": host_runtime.python_version()}  # fmt: skip
 
 
 def _copy_text(value) -> str:
