@@ -133,7 +133,7 @@ def run_drill(
     status = _status(cluster)
     if row is not None and status not in DRILLABLE:
         _ended_meanwhile(cluster, status, row)
-    verb = "cleared" if clear else "ran"
+    verb = "cleared" if clear else "run"
     message = f"fault drill {verb} by {user.get_username()}: {drill} on {node.host.name} (rank {node.rank}): {detail}"
     transitions.note(cluster, message, actor=user, status=status)
     return DrillResult(drill, node.host.name, node.rank, detail)

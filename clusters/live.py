@@ -20,13 +20,22 @@ GPU_WINDOW = timedelta(minutes=15)
 TIMELINE_LINES = 100
 
 
+def last_nodes(cluster: Cluster) -> list:
+    """A finished cluster's nodes as they were at its end: per rank the last node (a replaced node keeps
+    its rank; listing every node showed a 2-node cluster with 5 nodes, two of them heads)."""
+    latest: dict[int, object] = {}
+    for node in cluster.nodes.select_related("host").order_by("rank", "pk"):
+        latest[node.rank] = node
+    return list(latest.values())
+
+
 def snapshot(cluster: Cluster) -> dict:
     """Everything the live parts of the cluster page show, as JSON-ready values."""
     live = cluster.status in LIVE
     # A finished cluster shows what was recorded while it lived: its nodes (released since) and the
     # series' windows ending at its last sample, not at now (which holds nothing).
     now = timezone.now() if live else _last_sample_at(cluster) or timezone.now()
-    nodes = active_nodes(cluster) if live else list(cluster.nodes.select_related("host").order_by("rank"))
+    nodes = active_nodes(cluster) if live else last_nodes(cluster)
     rows = {h.node_id: h for h in NodeHealth.objects.filter(node__in=nodes)}
     events = list(cluster.events.order_by("-at", "-id")[:TIMELINE_LINES])[::-1]
     return {

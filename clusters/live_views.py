@@ -38,8 +38,9 @@ def overview_counts(user) -> dict:
     """Healthy/degraded clusters of the user's teams, failed/warning nodes, and visible hosts by state."""
     clusters = Cluster.objects.visible_to(user)
     by_status = dict(clusters.values_list("status").annotate(n=Count("id")).order_by())
-    nodes = NodeHealth.objects.filter(node__cluster__in=clusters.filter(status__in=[ClusterStatus.READY,
-                                                                                     ClusterStatus.DEGRADED]))  # fmt: skip
+    # Nodes in service only: a replaced node's last verdict (failed) is history, not a failure now.
+    nodes = NodeHealth.objects.filter(node__released_at__isnull=True, node__cluster__in=clusters.filter(
+        status__in=[ClusterStatus.READY, ClusterStatus.DEGRADED]))  # fmt: skip
     verdicts = dict(nodes.values_list("verdict").annotate(n=Count("id")).order_by())
     hosts = dict(inventory.visible_hosts(user).values_list("state").annotate(n=Count("id")).order_by())
     return {

@@ -13,6 +13,7 @@ from clusters.choices import (
     FailureReason,
     MetricSeries,
     MetricSource,
+    Parallelism,
     RecoveryPolicy,
     RecoveryStatus,
     Verdict,
@@ -155,6 +156,12 @@ class Cluster(models.Model):
         """Nodes × GPUs per node and the model placed (or the models asked for, until placed): 2 × 8 H100."""
         models_text = self.gpu_model or " / ".join(self.spec.get("gpu_models", []))
         return f"{self.spec.get('nodes')} × {self.spec.get('gpus_per_node')} {models_text}"
+
+    @property
+    def parallelism_label(self) -> str:
+        """The request's parallelism as the form names it ("Data parallel / FSDP")."""
+        value = self.spec.get("parallelism", "")
+        return Parallelism(value).label if value in Parallelism.values else value
 
 
 class ClusterNodeQuerySet(models.QuerySet):

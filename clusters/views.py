@@ -8,7 +8,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters import drills, planning, provision, recovery, services
+from clusters import drills, live, planning, provision, recovery, services
 from clusters.api.serializers import ClusterSpecSerializer
 from clusters.choices import ClusterStatus
 from clusters.forms import ClusterForm
@@ -83,10 +83,14 @@ def cluster_preview(request):
 
 
 def _placed_nodes(cluster) -> list[dict]:
-    """The cluster's nodes as they are now (a replaced host shows its replacement), as plan nodes."""
-    nodes = cluster.nodes.active().select_related(
-        "host__provider", "host__site", "host__fabric", "host__block"
-    )
+    """The cluster's nodes as they are now (a replaced host shows its replacement), as plan nodes; a
+    finished cluster's as they were at its end (its first plan's ranks were shown swapped after a head
+    replacement)."""
+    related = ("host__provider", "host__site", "host__fabric", "host__block")
+    nodes = list(cluster.nodes.active().select_related(*related).order_by("rank"))
+    if not nodes:
+        ended = {n.pk for n in live.last_nodes(cluster)}
+        nodes = list(cluster.nodes.filter(pk__in=ended).select_related(*related).order_by("rank"))
     return [
         {
             "rank": n.rank,
@@ -99,7 +103,7 @@ def _placed_nodes(cluster) -> list[dict]:
             "block": n.host.block.name,
             "gpu_indices": n.gpu_indices,
         }
-        for n in nodes.order_by("rank")
+        for n in nodes
     ]
 
 

@@ -115,11 +115,21 @@ def _host_context(request, pk):
         "events": services.host_history(host)[:50] if manages else [],
         "in_progress": host.state == HostState.ONBOARDING
         or (host.runtime or {}).get("state") in ("queued", "installing"),
+        "system_pythons": _pythons(host.system or {}),
         "runtime_summary": runtimes.summary(host.runtime) if (host.runtime or {}).get("versions") else "",
         "may_install_runtime": manages
         and runtimes.needs_runtime(host)
         and host.state in runtimes.KEPT_STATES,
     }
+
+
+def _pythons(system: dict) -> list[tuple[str, str]]:
+    """Each Python version on the host once, with the paths that run it (python3 and python3.11 are often
+    the same interpreter): [("3.11.7", "/usr/bin/python3, /usr/bin/python3.11")]."""
+    paths: dict[str, list[str]] = {}
+    for entry in system.get("pythons") or []:
+        paths.setdefault(str(entry.get("version", "")), []).append(str(entry.get("path", "")))
+    return [(version, ", ".join(found)) for version, found in paths.items()]
 
 
 @login_required
@@ -131,6 +141,7 @@ def host_detail(request, pk):
         context["fault_choices"] = [f.name for f in fault_table.CATALOG if not f.at_creation_only]
         context["added_with"] = {f.name for f in fault_table.CATALOG if f.at_creation_only}
         context["links_note"] = services.unavailable_reason()
+        context["links_scale"] = f"{services.bandwidth_scale(DriverKind.LOCAL):g}"
     return render(request, "inventory/host_detail.html", context)
 
 

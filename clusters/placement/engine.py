@@ -228,11 +228,16 @@ def _best_bandwidth(
     return best, candidates, notes
 
 
+def plural(count: int, noun: str) -> str:
+    """"1 usable host", "3 usable hosts", "0 spare hosts"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _level_note(level: str, total: int, fits: int, short: int, best: float, nodes: int) -> str:
     if not fits:
-        largest = f"the largest has {short} usable hosts"
+        largest = f"the largest has {plural(short, 'usable host')}"
         return f"{level}: none of {total} {level} domain(s) fits {nodes} nodes ({largest})"
-    others = f"; the others have at most {short} usable hosts" if short else ""
+    others = f"; the others have at most {plural(short, 'usable host')}" if short else ""
     return f"{level}: {fits} of {total} {level} domain(s) fit {nodes} nodes, best {best:g} GB/s{others}"
 
 
@@ -242,7 +247,7 @@ def _search(
     """The best option inside one tier, and notes on the levels tried; (None, notes) if none fits."""
     nodes, gpus = request.nodes, request.gpus_per_node
     if sum(item.count for item in usable) < nodes:
-        return None, [f"only {sum(item.count for item in usable)} usable hosts; {nodes} needed"]
+        return None, [f"only {plural(sum(item.count for item in usable), 'usable host')}; {nodes} needed"]
     collective = request.is_collective()
     if collective:
         best, candidates, notes = _best_bandwidth(usable, request, scope.level_index)
@@ -483,7 +488,7 @@ def _fit_notes(request: PlacementRequest, option: _Option) -> list[str]:
     if pcie and request.gpus_per_node > 1:
         worst = max(entry.locality for entry in pcie)
         notes.append(f"PCIe hosts (no NVLink): each node's GPUs lie within {LOCALITY_LABELS[worst]} at worst")
-    spans = ", ".join(f"{fit[name]} {name}" for name in ("regions", "sites", "fabrics", "blocks"))
+    spans = ", ".join(plural(fit[name], name[:-1]) for name in ("regions", "sites", "fabrics", "blocks"))
     notes.append(
         f"fit: spans {spans}; leaves {fit['free_gpus_in_blocks'] - len(option.entries) * request.gpus_per_node} "
         f"free GPUs in the blocks used and {fit['gpus_left_on_hosts']} on the hosts used. Among equal bandwidth and price, "
@@ -509,7 +514,7 @@ def _chosen_note(
     source = describe_level_sources(hosts, level, measured)
     return (
         f"chosen: {level} {domain} for {shape}: predicted busbw {busbw:g} GB/s ({source}), {price}, "
-        f"best-fit leaves {option.spare} spare host(s) that fit this node shape there"
+        f"best-fit leaves {plural(option.spare, 'spare host')} that fit this node shape there"
     )
 
 

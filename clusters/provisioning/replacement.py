@@ -163,9 +163,12 @@ def refresh_plan(cluster: Cluster, why: str) -> None:
         if plan.predicted_busbw_gbps or before_busbw
         else "one node: no inter-node figure"
     )
-    transitions.note(
-        cluster, f"plan now: spans one {plan.spanned_level} (was {before_level}), {figures}", heartbeat=True
+    span = (
+        f"spans one {plan.spanned_level} as before"
+        if plan.spanned_level == before_level
+        else f"spans one {plan.spanned_level} (was one {before_level})"
     )
+    transitions.note(cluster, f"plan now: {span}, {figures}", heartbeat=True)
 
 
 _LEVEL_WHY = {

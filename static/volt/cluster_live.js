@@ -153,7 +153,9 @@
     const list = $("cluster-timeline");
     if (!list) return;
     const li = document.createElement("li");
-    li.innerHTML = `<time>${esc(voltWhen(at))}</time> <strong>${esc(from || "")} → ${esc(to)}</strong> ${esc(message)}`;
+    // A note records the status it was made in (from = to): no arrow for a change that is none.
+    const change = to && to !== from ? `<strong>${esc(from || "new")} → ${esc(to)}</strong> ` : "";
+    li.innerHTML = `<time>${esc(voltWhen(at))}</time> ${change}${esc(message)}`;
     list.appendChild(li);
   }
 
@@ -166,7 +168,12 @@
   function drawRecovery(r) {
     const box = $("recovery-live");
     if (!box) return;
+    const before = state.recovery;
     state.recovery = r;
+    // A recovery that ends after the status change (its record closes last): the Recoveries table is the
+    // page's, fetched again, or it kept "active" and dashes until a reload (issue 24's walk).
+    const wasOpen = before && (before.status === "active" || before.status === "waiting");
+    if (wasOpen && r && r.status !== before.status && r.status !== "active" && r.status !== "waiting") refreshStatic();
     if (!r) { box.hidden = true; return; }
     box.hidden = false;
     const open = r.status === "active" || r.status === "waiting";

@@ -98,7 +98,7 @@ def test_fragmented_fabric_best_fit_beats_first_fit():
     inventory = hosts_in("big", 6) + hosts_in("small", 4)
     result = plan(fsdp(4), inventory)
     assert blocks_of(result, inventory) == {"small"}  # leaves the 6-host block whole for a 6-node job
-    assert "best-fit leaves 0 spare host(s)" in result.explanation[-2]
+    assert "best-fit leaves 0 spare hosts" in result.explanation[-2]
     baseline = first_fit(fsdp(4), inventory)
     assert blocks_of(baseline, inventory) == {"big"}
 

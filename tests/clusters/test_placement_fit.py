@@ -188,7 +188,7 @@ def test_equal_bandwidth_and_price_span_the_fewest_sites_before_the_fewest_block
     result = plan(ask(3), inventory, measured)
     assert sorted(result.host_ids) == ["a0", "a1", "a2"]
     assert result.predicted_busbw_gbps == 200.0  # the fabric's 400 / 2, as the 2-site plan's WAN
-    assert "spans 1 regions, 1 sites, 1 fabrics, 3 blocks" in " ".join(result.explanation)
+    assert "spans 1 region, 1 site, 1 fabric, 3 blocks" in " ".join(result.explanation)
 
 
 # --- Issue 23, item 5: a host's ports cap what it injects ------------------------------------------

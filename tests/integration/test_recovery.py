@@ -191,7 +191,7 @@ def test_a_replacement_that_dies_is_replaced_again_and_spent_attempts_fail_clean
     # The fault drill (as a platform admin): SIGKILL of the worker's processes, audited on the timeline.
     result = drills.run_drill(cluster, root, "kill_processes", rank=worker.rank)
     assert result.host == worker.host.name and "SIGKILL sent" in result.detail
-    assert cluster.events.filter(actor=root, message__contains="fault drill ran by root").exists()
+    assert cluster.events.filter(actor=root, message__contains="fault drill run by root").exists()
     sweep_until_degraded(cluster)
     assert recovery.recover_cluster(cluster.pk) == "ready", timeline(cluster)
     done = Recovery.objects.get(cluster=cluster)

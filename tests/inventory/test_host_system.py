@@ -5,6 +5,7 @@ on a host that prints none of it."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from django.test import Client
@@ -98,5 +99,12 @@ def test_onboarding_records_the_facts_and_shows_them_to_the_hosts_admins_only(
     page.force_login(priya)
     html = page.get(f"/inventory/hosts/{host.pk}/").content.decode()
     assert 'id="host-system"' in html and "CUDA 12.4" in html and system["kernel"] in html
+    # Each version once (python3 and python3.11 are one interpreter: the walk saw "3.11.7, 3.11.7"), and
+    # root not said twice ("root (root)").
+    shown = re.search(r'<span class="label">Python</span>(.*?)</div>', html).group(1)
+    versions = re.findall(r">(3\.[0-9.]+)</span>", shown)
+    assert versions == sorted(set(versions), key=versions.index) and versions
+    assert "root</span> (root)" not in html
+    assert "VOLT_LOCAL_FABRIC_SCALE" not in html  # the factor itself, not a setting's name
     page.force_login(alice)
     assert 'id="host-system"' not in page.get(f"/inventory/hosts/{host.pk}/").content.decode()
