@@ -229,7 +229,7 @@ def _best_bandwidth(
 
 
 def plural(count: int, noun: str) -> str:
-    """"1 usable host", "3 usable hosts", "0 spare hosts"."""
+    """Count and noun: "1 usable host", "3 usable hosts", "0 spare hosts"."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 

@@ -57,6 +57,6 @@ def test_a_node_moved_to_another_block_moves_the_plan_and_the_prediction(
     )  # fmt: skip
     assert fresh.predicted_busbw_gbps == pytest.approx(cluster.predicted_busbw_gbps)
     lines = list(cluster.events.values_list("message", flat=True))
-    assert any("plan now: spans one fabric (was one block)" in line and "was 400" in line for line in lines), (
-        lines
-    )
+    assert any(
+        "plan now: spans one fabric (was one block)" in line and "was 400" in line for line in lines
+    ), lines
