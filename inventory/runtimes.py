@@ -178,7 +178,9 @@ def check_nodes(hosts: list[Host]) -> dict[int, str]:
         if isinstance(result, Exception):
             refused[host.pk] = f"{host.name}: its runtime could not be checked ({result})"
             continue
-        if result.ready and result.python == (host.runtime or {}).get("python"):
+        if result.ready:
+            if result.python != (host.runtime or {}).get("python"):  # e.g. a provider's, put in place since
+                _save(host, (host.runtime or {}) | result.as_json() | {"state": "ready", "step": ""})
             continue
         refused[host.pk] = host_runtime.mismatch_message(host.name, result)
         _save(host, result.as_json() | {"state": "failed", "step": "",

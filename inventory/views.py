@@ -145,13 +145,19 @@ def host_detail(request, pk):
     return render(request, "inventory/host_detail.html", context)
 
 
+def _managed_host(request, pk):
+    """A host of a provider the user manages; 404 for any other (visible or not)."""
+    host = get_object_or_404(services.visible_hosts(request.user).select_related("provider"), pk=pk)
+    if not services.can_manage_provider(request.user, host.provider):
+        raise Http404("No such host among yours.")
+    return host
+
+
 @login_required
 @require_POST
 def host_faults(request, pk):
     """Inject (`fault`, `value`) into or clear (`clear`) a fault of a local host the user manages."""
-    host = get_object_or_404(services.visible_hosts(request.user).select_related("provider"), pk=pk)
-    if not services.can_manage_provider(request.user, host.provider):
-        raise Http404("No such host among yours.")
+    host = _managed_host(request, pk)
     clear, fault = request.POST.get("clear", ""), request.POST.get("fault", "")
     try:
         if clear:
@@ -175,9 +181,7 @@ def host_status(request, pk):
 @require_POST
 def host_runtime(request, pk):
     """Install (or verify) Volt's runtime on an SSH host the user manages; a worker does it."""
-    host = get_object_or_404(services.visible_hosts(request.user).select_related("provider"), pk=pk)
-    if not services.can_manage_provider(request.user, host.provider):
-        raise Http404("No such host among yours.")
+    host = _managed_host(request, pk)
     try:
         runtimes.queue_install(host, actor=request.user)
         messages.success(request, f"{host.name}: Volt's runtime is being installed; the page follows it.")

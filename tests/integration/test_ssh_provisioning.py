@@ -172,3 +172,14 @@ def test_a_jobs_log_on_an_ssh_head_is_read_through_its_driver_by_byte_offset(ali
         assert jobs.read_head_log(job, len(content), 7001) == (b"", len(content))
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_ready_runtime_found_at_another_path_is_recorded_not_refused(ssh_hosts):
+    """Before a cluster, a host whose record names another path (a provider put one in place since) is
+    checked for real: the runtime found is ready, so it is recorded and the host is not refused."""
+    host = ssh_hosts[0][0]
+    found = host.runtime["python"]
+    Host.objects.filter(pk=host.pk).update(runtime=host.runtime | {"python": "/nowhere/bin/python"})
+    host.refresh_from_db()
+    assert runtimes.check_nodes([host]) == {}
+    assert Host.objects.get(pk=host.pk).runtime["python"] == found
