@@ -181,24 +181,36 @@ def connection_details(cluster: Cluster, viewer: AbstractBaseUser | None = None)
     shown = token or "<the cluster's Ray token: shown to its team on the cluster's page>"
     head = next((n for n in cluster.nodes.all() if n.is_head and n.released_at is None), None)
     storage = tenancy.storage_location(cluster)
-    ssh = None
+    ssh = tunnel = None
+    submit_to = cluster.dashboard_url
     if head is not None and head.host.driver == "ssh":
         user = head.host.ssh_user or "root"
-        ssh = f"ssh -i volt-cluster-{cluster.pk}.key -p {head.host.ssh_port} {user}@{head.host.address}"
+        login = f"-p {head.host.ssh_port} {user}@{head.host.address}"
+        ssh = f"ssh -i volt-cluster-{cluster.pk}.key {login}"
+        # The head's dashboard listens on its private address: reach it as Volt does, over SSH.
+        target = cluster.dashboard_url.removeprefix("http://").rstrip("/")
+        tunnel = f"ssh -i volt-cluster-{cluster.pk}.key -N -L 8265:{target} {login}"
+        submit_to = "http://127.0.0.1:8265"
     return {
         "ray_address": cluster.ray_address,
         "dashboard_url": cluster.dashboard_url,
         "job_submission_address": cluster.dashboard_url,
         "ssh_command": ssh,
+        "dashboard_tunnel_command": tunnel,
         "storage_path": storage,
         "ssh_key_url": f"/api/v1/clusters/{cluster.pk}/ssh-key/",
         "ray_auth_token": token,
         "snippet": (
-            f"# the cluster refuses calls without its token (Ray token authentication)\n"
-            f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={shown}\n"
-            f"RAY_ADDRESS={cluster.dashboard_url} ray job submit --working-dir . -- python train.py\n"
+            "# the cluster refuses calls without its token (Ray token authentication)\n"
+            + (
+                f"# the head's dashboard is private to its provider's network: first, in another shell\n{tunnel}\n"
+                if tunnel
+                else ""
+            )
+            + f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={shown}\n"
+            f"RAY_ADDRESS={submit_to} ray job submit --working-dir . -- python train.py\n"
             f"# or from Python:\nfrom ray.job_submission import JobSubmissionClient\n"
-            f'client = JobSubmissionClient("{cluster.dashboard_url}", '
+            f'client = JobSubmissionClient("{submit_to}", '
             f'headers={{"Authorization": "Bearer {shown}"}})\n'
             f'client.submit_job(entrypoint="python train.py", runtime_env={{"working_dir": "."}})\n'
             f"# checkpoints: write them under {storage} (shared by every node)"

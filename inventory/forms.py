@@ -95,6 +95,12 @@ class HostForm(forms.Form):
     ssh_host_key = forms.CharField(
         required=False, help_text="Optional `ssh-keyscan` line; empty: pinned on first contact."
     )
+    private_address = forms.GenericIPAddressField(
+        protocol="IPv4",
+        required=False,
+        label="Private address (SSH)",
+        help_text="Where your other hosts reach this one, if not at the SSH address (a gateway, NAT).",
+    )
 
     def __init__(self, *args, provider: Provider, local: bool = True, **kwargs):
         super().__init__(*args, **kwargs)

@@ -134,6 +134,11 @@ class Host(models.Model):
     driver = models.CharField(max_length=10, choices=DriverKind.choices)
     address = models.CharField(max_length=255, help_text="IP or DNS name; 127.0.0.N for local hosts.")
     ssh_port = models.PositiveIntegerField(default=22, validators=[MaxValueValidator(65535)])
+    private_address = models.GenericIPAddressField(
+        protocol="IPv4", null=True, blank=True,
+        help_text="The address the provider's other hosts reach this one at (Ray, the probe, collectives), when "
+        "it is not the address Volt connects to over SSH (a gateway, NAT). Blank: the same address.",
+    )  # fmt: skip
     ssh_user = models.CharField(max_length=64, blank=True)
     ssh_private_key_encrypted = models.TextField(blank=True, help_text="Fernet-encrypted OpenSSH key.")
     ssh_host_key = models.TextField(blank=True, help_text="Pinned public host key line.")
@@ -243,6 +248,11 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def node_ip(self) -> str:
+        """The address a Ray node, the probe and a job's collectives bind and advertise on this host."""
+        return self.private_address or self.address
 
 
 class GPU(models.Model):

@@ -170,3 +170,18 @@ def healthy_domain_size(host: Host) -> int:
     ):
         sizes[domain] = sizes.get(domain, 0) + 1
     return max(sizes.values(), default=0)
+
+
+def private_address_problem(host: Host, addresses: tuple[str, ...]) -> str:
+    """Why the host's declared private address cannot be its node address ("" when it can, or none is set).
+
+    Ray, the probe and collectives bind that address on the host: one the host does not have would fail
+    every cluster at "waiting for workers" instead of here."""
+    if not host.private_address or host.private_address in addresses:
+        return ""
+    have = ", ".join(a for a in addresses if not a.startswith("127.")) or "none besides loopback"
+    return (
+        f"{host.name} has no address {host.private_address} (its IPv4 addresses: {have}); set the host's "
+        "private address to the one its provider's other hosts reach it at, or clear it when that is the "
+        "address Volt connects to, then retry onboarding."
+    )

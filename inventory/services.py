@@ -266,6 +266,7 @@ class HostRequest:
     ssh_user: str = ""
     ssh_private_key: str = field(default="", repr=False)  # never in a log line or an error report
     ssh_host_key: str = ""
+    private_address: str | None = None
     local_spec: dict | None = None
     local_faults: dict | None = None
 
@@ -321,6 +322,9 @@ def add_host(
                 ssh_user=request.ssh_user,
                 ssh_private_key_encrypted=crypto.encrypt(request.ssh_private_key),
                 ssh_host_key=request.ssh_host_key.strip(),
+                private_address=(request.private_address or None)
+                if request.driver == DriverKind.SSH
+                else None,
                 local_spec=_local_spec(request),
                 price_per_gpu_hour=request.price_per_gpu_hour,
                 onboarding_started_at=timezone.now(),
@@ -443,6 +447,8 @@ def onboard_host(host_id: int) -> Host:
         return _fail_onboarding(host, failure.code, failure.message)
     except ValueError as exc:
         return _fail_onboarding(host, "driver_error", str(exc))
+    if problem := onboarding.private_address_problem(host, discovery.system.addresses):
+        return _fail_onboarding(host, OnboardingError.DRIVER_ERROR, problem)
     try:
         return _record_discovery(host, discovery, seen_key)
     except onboarding.GpuOwnedElsewhere as exc:

@@ -8,6 +8,7 @@ import logging
 
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_http, ray_nodes
+from clusters.telemetry import ray_head
 from clusters.tenancy import (
     ray_auth_token,
     ray_cluster_id,
@@ -87,7 +88,11 @@ def ray_client(cluster: Cluster):
     """Ray's job submission client for the cluster's head, with its token on every request."""
     from ray.job_submission import JobSubmissionClient  # heavy import: only in workers, when used
 
-    return JobSubmissionClient(cluster.dashboard_url, headers=ray_http.auth_headers(ray_auth_token(cluster)))
+    try:
+        url = ray_head.dashboard_for(cluster)
+    except ray_head.HeadUnreachable as exc:
+        raise ConnectionError(str(exc)) from exc
+    return JobSubmissionClient(url, headers=ray_http.auth_headers(ray_auth_token(cluster)))
 
 
 def queue_start(job_id: int) -> None:

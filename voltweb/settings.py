@@ -319,6 +319,11 @@ VOLT_LOCAL_FABRIC_SCALE = env_float("VOLT_LOCAL_FABRIC_SCALE", 0.00025, minimum=
 # The lab (root only; `manage.py lab`, inventory/lab/): each lab's state, machines' disks and shared folder
 # live in <VOLT_LAB_DIR>/lab<N>/, removed by `lab down`.
 VOLT_LAB_DIR = Path(env_str("VOLT_LAB_DIR", "/var/lib/volt-lab"))
+# SSH hosts' shared storage: a folder every SSH host mounts at this same path (NFS, a parallel file system;
+# the lab's /mnt/volt-shared). Each cluster's storage (checkpoints: what recovery resumes from on another
+# host) is <this>/<cluster's Ray id>, linked from its workdir on every node. "" (default): each host keeps
+# its own folder, which dies with the host.
+VOLT_SSH_SHARED_DIR = env_str("VOLT_SSH_SHARED_DIR", "")
 VOLT_LINK_FLAP_PERIOD_S = env_float("VOLT_LINK_FLAP_PERIOD_S", 3.0, minimum=0.5, maximum=600.0)
 VOLT_LINK_FLAP_MAX_S = env_float("VOLT_LINK_FLAP_MAX_S", 3600.0, minimum=1.0, maximum=86400.0)
 # TCP ports of Volt's own services on this machine that cluster users may not open (local hosts, as root:

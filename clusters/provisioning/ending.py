@@ -14,6 +14,7 @@ from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import ray_cluster_id
 from inventory import services as inventory
+from inventory.choices import DriverKind
 from inventory.drivers.base import fan_out
 
 logger = logging.getLogger(__name__)
@@ -44,14 +45,16 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final:
     """Stop this cluster's Ray processes (and only those) and remove its key, on every host it used.
 
     `final` (the cluster is done: terminated or failed) also removes its Unix user, with whatever
-    still runs as it, its nodes' temp dirs, and gives its shared storage back to root.
+    still runs as it, its nodes' temp dirs, and gives its shared storage back to root; on SSH hosts,
+    which are the provider's machines and not Volt's, its workdir goes too (logs, token, node files).
     """
     nodes = nodes if nodes is not None else list(cluster.nodes.select_related("host__provider"))
     hosts = {node.host_id: node.host for node in nodes}
     drivers = [inventory.driver_for(host) for host in hosts.values()]
     problems = []
     try:
-        results = fan_out(drivers, lambda d: _stop_on_host(d, cluster))
+        ssh = {id(drivers[i]) for i, host in enumerate(hosts.values()) if host.driver == DriverKind.SSH}
+        results = fan_out(drivers, lambda d: _stop_on_host(d, cluster, final and id(d) in ssh))
     finally:
         for driver in drivers:
             driver.close()
@@ -65,8 +68,13 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final:
     return problems
 
 
-def _stop_on_host(driver, cluster: Cluster) -> list[int]:
+def _stop_on_host(driver, cluster: Cluster, remove_workdir: bool) -> list[int]:
     left = ray_nodes.stop_node(driver, ray_cluster_id(cluster))
+    if remove_workdir and not left:
+        workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
+        driver.run(
+            f"rm -rf -- ~/{shlex.quote(workdir)}; rmdir ~/volt/clusters ~/volt 2>/dev/null; true", timeout=60
+        )
     if cluster.ssh_public_key:
         key = shlex.quote(cluster.ssh_public_key)
         driver.run(

@@ -26,7 +26,7 @@ from clusters.tenancy import (
     ray_cluster_id,
     shared_storage_dir,
 )
-from inventory import local_runtime, runtimes
+from inventory import local_runtime, runtimes, tunnels
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError, fan_out
@@ -85,7 +85,7 @@ def bring_up(cluster: Cluster) -> None:
             lambda d: _start(cluster, nodes[drivers.index(d)], d, head.gcs_address, run_as),
         )
         _check([nodes[i] for i in others], started, "could not start its Ray worker")
-        _wait_alive(cluster, nodes, head)
+        _wait_alive(cluster, nodes, head, nodes[head_index].host)
     finally:
         for driver in drivers:
             driver.close()
@@ -138,6 +138,7 @@ def _start(
             **_health_checks(head_address),
         },
         "auth_token": ray_auth_token(cluster),
+        "node_ip": node.host.node_ip,
         "run_as": run_as if local else None,
         "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
     }
@@ -153,11 +154,19 @@ def _start(
         raise
 
 
-def _wait_alive(cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.NodeHandle) -> None:
-    ips = {node.host.address: node for node in nodes}
+def _wait_alive(
+    cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.NodeHandle, head_host: Host
+) -> None:
+    ips = {node.host.node_ip: node for node in nodes}
+    try:
+        dashboard = tunnels.http_url(head_host, head.dashboard_url)
+    except DriverError as exc:
+        raise HostsFailed(
+            [head_host.pk], f"Volt could not reach {head_host.name}'s Ray dashboard: {exc}"
+        ) from exc
     try:
         ray_nodes.wait_for_nodes(
-            head.dashboard_url,
+            dashboard,
             len(nodes),
             settings.VOLT_NODE_JOIN_TIMEOUT_S,
             expected_ips=set(ips),
@@ -228,6 +237,13 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
         storage = f"ln -sfn {shlex.quote(str(shared))} ~/{workdir}/storage"
         if run_as:  # the cluster's user alone: another cluster's user must not read its checkpoints
             storage += f" && chown {run_as}:{run_as} {shlex.quote(str(shared))} && chmod 700 {shlex.quote(str(shared))}"
+    elif settings.VOLT_SSH_SHARED_DIR:  # one folder every SSH host mounts at the same path
+        shared = shlex.quote(f"{settings.VOLT_SSH_SHARED_DIR.rstrip('/')}/{ray_cluster_id(cluster)}")
+        link = f"~/{workdir}/storage"
+        storage = (
+            f"{{ mkdir -p {shared} && chmod 700 {shared} && {{ [ -L {link} ] || [ ! -d {link} ] || rmdir {link}; }}"
+            f" && ln -sfn {shared} {link}; }}"
+        )
     else:
         storage = f"mkdir -p ~/{workdir}/storage"
     script = " && ".join(
@@ -262,7 +278,7 @@ def assign_slots(cluster: Cluster) -> list[ClusterNode]:
 
 def _machine_of(host: Host) -> str:
     """Which machine's ports a node uses: every loopback address is this machine (Ray binds wildcards)."""
-    if host.driver == DriverKind.LOCAL or host.address.startswith("127.") or host.address == "localhost":
+    if host.driver == DriverKind.LOCAL or host.node_ip.startswith("127.") or host.node_ip == "localhost":
         return "local"
     return f"host-{host.pk}"
 

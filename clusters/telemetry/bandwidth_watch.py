@@ -80,7 +80,7 @@ def job_running(cluster: Cluster) -> bool:
     """Whether a Ray job holds the cluster (the probe is none); an unanswering head counts as busy."""
     try:
         jobs = ray_head.head_request(
-            cluster.dashboard_url,
+            ray_head.dashboard_for(cluster),
             "/api/jobs/",
             settings.VOLT_WATCH_HOST_TIMEOUT_S,
             ray_head.token_for(cluster),
@@ -118,7 +118,7 @@ def _probe(cluster: Cluster) -> dict | None:
         return None
     measured = result.get("max_busbw_gbps") or 0.0
     metrics.record_busbw(cluster, measured, MetricSource.PROBE)
-    alert = alert_for(cluster, result, {n.host.address: n.host.name for n in nodes})
+    alert = alert_for(cluster, result, {n.host.node_ip: n.host.name for n in nodes})
     summary = (
         f"probe: max busbw {format_gbps(measured, 2)} GB/s over {result['nodes']} ranks ({result['backend']})"
     )

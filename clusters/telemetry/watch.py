@@ -86,9 +86,9 @@ def _sweep(cluster: Cluster) -> Cluster:
             readings[node.pk],
             is_head=node.is_head,
             head_error=head_error,
-            head_state=head_states.get(node.host.address),
+            head_state=head_states.get(node.host.node_ip),
             limits=limits,
-            link=blamed.get(node.host.address, ""),
+            link=blamed.get(node.host.node_ip, ""),
         )
         for node in nodes
     }
@@ -130,7 +130,7 @@ def _head_view(cluster: Cluster) -> tuple[str | None, dict[str, str]]:
     """(error or None, {node ip: state}) from the head's node list."""
     try:
         listed = ray_head.head_nodes(
-            cluster.dashboard_url, settings.VOLT_WATCH_HOST_TIMEOUT_S, ray_head.token_for(cluster)
+            ray_head.dashboard_for(cluster), settings.VOLT_WATCH_HOST_TIMEOUT_S, ray_head.token_for(cluster)
         )
     except ray_head.HeadUnreachable as exc:
         return str(exc), {}
@@ -232,7 +232,7 @@ def node_health_payload(node: ClusterNode, row: NodeHealth | None) -> dict:
     return {
         "node": node.pk,
         "host": node.host.name,
-        "address": node.host.address,
+        "address": node.host.node_ip,
         "rank": node.rank,
         "is_head": node.is_head,
         "verdict": row.verdict if row else None,
@@ -248,7 +248,7 @@ def _announce(cluster: Cluster, nodes: list[ClusterNode], judgements: dict) -> N
         {
             "node": node.pk,
             "host": node.host.name,
-            "address": node.host.address,
+            "address": node.host.node_ip,
             "rank": node.rank,
             "is_head": node.is_head,
             "verdict": judgements[node.pk].verdict,

@@ -222,6 +222,7 @@ class HostDetailSerializer(HostViewSerializer):
             "ssh_port",
             "ssh_user",
             "ssh_host_key",
+            "private_address",
             "local_spec",
             "error_code",
             "error_message",
@@ -272,6 +273,13 @@ class HostCreateSerializer(serializers.Serializer):
     )
     ssh_host_key = serializers.CharField(
         required=False, allow_blank=True, validators=[validation.validate_host_key]
+    )
+    private_address = serializers.IPAddressField(
+        protocol="IPv4",
+        required=False,
+        allow_null=True,
+        help_text="SSH hosts: the address the provider's other hosts reach this one at, when it is not "
+        "`address` (a gateway, NAT). Ray, the probe and collectives use it.",
     )
     local_spec = LocalSpecSerializer(required=False)
 

@@ -27,6 +27,8 @@ SYSTEM_COMMAND = "; ".join(
         "nvidia-smi 2>/dev/null | grep -m1 'Driver Version'",
         "echo @@user",
         "id -un 2>/dev/null; id -u 2>/dev/null",
+        "echo @@addresses",
+        "ip -o -4 addr show 2>/dev/null | awk '{print $4}'",
         "echo @@sudo",
         "if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then echo yes; else echo no; fi",
     ]
@@ -34,6 +36,7 @@ SYSTEM_COMMAND = "; ".join(
 
 _DRIVER = re.compile(r"Driver Version:\s*([0-9][0-9.]*)")
 _CUDA = re.compile(r"CUDA Version:\s*([0-9][0-9.]*)")
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 
 
@@ -48,10 +51,12 @@ class HostSystem:
     cuda_version: str = ""
     user: str = ""
     privilege: str = ""  # "root", "sudo" (passwordless) or "none"; "" when unknown
+    addresses: tuple[str, ...] = ()  # the host's own IPv4 addresses (`ip -4 addr`), loopback included
 
     def as_json(self) -> dict:
         data = asdict(self)
         data["pythons"] = [{"path": path, "version": version} for path, version in self.pythons]
+        data["addresses"] = list(self.addresses)
         return data
 
     @property
@@ -120,6 +125,11 @@ def parse_system(text: str) -> HostSystem:
     user_lines = sections.get("user", [])
     user = user_lines[0] if user_lines else ""
     uid = user_lines[1] if len(user_lines) > 1 else ""
+    addresses = []
+    for line in sections.get("addresses", []):
+        address = line.partition("/")[0]
+        if _IPV4.match(address) and address not in addresses:
+            addresses.append(address)
     sudo = (sections.get("sudo") or [""])[0]
     privilege = "root" if uid == "0" else {"yes": "sudo", "no": "none"}.get(sudo, "")
     return HostSystem(
@@ -132,4 +142,5 @@ def parse_system(text: str) -> HostSystem:
         cuda_version=cuda.group(1) if cuda else "",
         user=user,
         privilege=privilege,
+        addresses=tuple(addresses),
     )

@@ -126,6 +126,7 @@ class SshDriver(HostDriver):
         self._loop_guard = threading.Lock()
         self._conn: asyncssh.SSHClientConnection | None = None
         self._conn_lock: asyncio.Lock | None = None
+        self._forwards: dict[tuple[str, int], tuple[asyncssh.SSHClientConnection, int]] = {}
 
     def __repr__(self) -> str:
         return f"<SshDriver {self.address}>"
@@ -154,6 +155,15 @@ class SshDriver(HostDriver):
         result = self.run("true", timeout=limit)
         if not result.ok:
             raise DriverError(f"{self.address} accepted the connection but could not run a command: {result}")
+
+    def forward(self, target_host: str, target_port: int, timeout: float | None = None) -> int:
+        """A port on this machine's 127.0.0.1 that reaches `target_host:target_port` as the host sees it,
+        through this driver's SSH connection (a local forward, what `ssh -L` and Ray's own `ray dashboard`
+        do): how Volt reaches a head's dashboard on a host that opens SSH alone. The forward lives as
+        long as the connection; asked again after the connection dropped, a new one is made."""
+        limit = self.connect_timeout if timeout is None else timeout
+        what = f"forward to {target_host}:{target_port}"
+        return self._call(lambda: self._forward(target_host, target_port), self.connect_timeout + limit, what)
 
     def close(self) -> None:
         with self._loop_guard:
@@ -398,7 +408,23 @@ class SshDriver(HostDriver):
             # Scripts must stay executable; the remote umask is not the local one.
             await sftp.chmod(remote_path, local_path.stat().st_mode & 0o777)
 
+    async def _forward(self, target_host: str, target_port: int) -> int:
+        conn = await self._connection()
+        known = self._forwards.get((target_host, target_port))
+        if known is not None and known[0] is conn:
+            return known[1]
+        try:
+            listener = await conn.forward_local_port("127.0.0.1", 0, target_host, target_port)
+        except (OSError, asyncssh.Error) as exc:
+            raise DriverError(
+                f"{self.address} would not forward to {target_host}:{target_port}: {exc}; the host's sshd "
+                "must allow TCP forwarding (AllowTcpForwarding yes, OpenSSH's default)"
+            ) from None
+        self._forwards[(target_host, target_port)] = (conn, listener.get_port())
+        return listener.get_port()
+
     async def _disconnect(self) -> None:
+        self._forwards.clear()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()

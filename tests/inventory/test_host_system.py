@@ -108,3 +108,40 @@ def test_onboarding_records_the_facts_and_shows_them_to_the_hosts_admins_only(
     assert "VOLT_LOCAL_FABRIC_SCALE" not in html  # the factor itself, not a setting's name
     page.force_login(alice)
     assert 'id="host-system"' not in page.get(f"/inventory/hosts/{host.pk}/").content.decode()
+
+
+# --- private addresses (issue 25: hosts Volt reaches through a gateway) ------------------------------
+
+
+def test_a_hosts_own_addresses_are_read_with_its_facts():
+    facts = parse_system("@@addresses\n127.0.0.1/8\n10.77.1.11/24\n10.77.1.11/24\nfe80::1/64\n")
+    assert facts.addresses == ("127.0.0.1", "10.77.1.11")
+    assert facts.as_json()["addresses"] == ["127.0.0.1", "10.77.1.11"]
+
+
+def test_a_private_address_the_host_does_not_have_is_refused_with_the_fix():
+    from inventory.models import Host
+    from inventory.onboarding import private_address_problem
+
+    host = Host(name="nw-01", address="gw.example.net", private_address="10.77.1.12")
+    problem = private_address_problem(host, ("127.0.0.1", "10.77.1.11"))
+    assert problem.startswith("nw-01 has no address 10.77.1.12 (its IPv4 addresses: 10.77.1.11)")
+    assert "set the host's private address" in problem and "retry onboarding" in problem
+    assert private_address_problem(host, ("10.77.1.12",)) == ""
+    assert private_address_problem(Host(name="a", address="10.0.0.5"), ()) == ""  # none declared
+    assert host.node_ip == "10.77.1.12" and Host(address="10.0.0.5").node_ip == "10.0.0.5"
+
+
+@pytest.mark.django_db
+def test_the_api_takes_a_private_address_and_refuses_one_that_is_not_ipv4(
+    northwind, northwind_ib, priya, client_for
+):
+    from tests.inventory.test_onboarding_rules import ssh_body
+
+    client = client_for(priya)
+    block = northwind_ib.blocks.first().pk
+    bad = client.post("/api/v1/hosts/", ssh_body(block=block, private_address="10.77.1"), format="json")
+    assert bad.status_code == 400 and "private_address" in bad.json()["error"]["fields"]
+    made = client.post("/api/v1/hosts/", ssh_body(block=block, private_address="10.77.1.11"), format="json")
+    assert made.status_code == 202, made.json()  # accepted: discovery is queued
+    assert client.get(f"/api/v1/hosts/{made.json()['id']}/").json()["private_address"] == "10.77.1.11"

@@ -143,14 +143,16 @@ def make_lab(lab_number, lab_base, tmp_path_factory) -> Iterator:
     lab.manage("down", check=False)
 
 
-def onboard_machine(lab: Lab, provider, fabric, name: str):
+def onboard_machine(lab: Lab, provider, fabric, name: str, block=None):
     """What a provider admin does for a real machine: its address, port, user and key (the host key is
-    learnt on first use)."""
+    learnt on first use), and its private address, where its provider's other machines reach it (Volt
+    reaches it through the lab's gate)."""
     status = lab.status()
     machine = status.machine(name)
     request = services.HostRequest(
         name=name,
-        block=fabric.blocks.first(),
+        block=block or fabric.blocks.first(),
+        private_address=machine.address,
         driver=DriverKind.SSH,
         price_per_gpu_hour=Decimal("2.10"),
         address=machine.gate,

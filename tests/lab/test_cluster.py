@@ -1,0 +1,107 @@
+"""A Volt cluster on lab machines that are really apart (issue 25): four machines, each its own network,
+mount and PID namespace behind its own sshd, onboarded over SSH with their private addresses, given
+Volt's runtime over SSH, then one API call: placement, Ray started over SSH on the machines' lab
+addresses, the head's dashboard reached through an SSH forward (the root namespace never targets a lab
+address), the all-reduce probe over the shaped veth links, work on every machine, and terminate leaving
+nothing of the cluster on any machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusters.models import Allocation, Cluster
+from clusters.provision import ray_cluster_id
+from clusters.provisioning import ray_nodes
+from clusters.telemetry import ray_head
+from inventory import runtimes, services, tunnels
+from inventory.choices import HostState
+from inventory.lab import operations
+from inventory.models import Host
+from tests.integration.test_provisioning import run_on_every_node
+from tests.lab.conftest import onboard_machine
+
+pytestmark = [pytest.mark.django_db]
+
+
+def machine(name: str, block: str) -> dict:
+    return {"name": name, "provider": "northwind", "fabric": "iad1-ndr", "block": block,
+            "gpu_model": "H100", "gpu_count": 2}  # fmt: skip
+
+
+TOPOLOGY = {
+    "sites": {"iad1": {"region": "us-east", "backbone_gbytes_per_s": 12.5}},
+    "fabrics": {"iad1-ndr": {"site": "iad1", "kind": "ib_ndr", "per_host_gbytes_per_s": 400}},
+    "machines": [
+        machine("nw-01", "r01"),
+        machine("nw-02", "r01"),
+        machine("nw-03", "r02"),
+        machine("nw-04", "r02"),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def lab(make_lab):
+    return make_lab(TOPOLOGY)
+
+
+@pytest.fixture
+def lab_hosts(lab, northwind, northwind_ib, settings):
+    settings.VOLT_AUTO_PROVISION = True
+    settings.VOLT_PROBE_MAX_MB = 8
+    settings.VOLT_NODE_JOIN_TIMEOUT_S = 90
+    blocks = {b.name: b for b in northwind_ib.blocks.all()}
+    hosts = []
+    for spec in TOPOLOGY["machines"]:
+        host = onboard_machine(lab, northwind, northwind_ib, spec["name"], blocks[spec["block"]])
+        assert host.state == HostState.AVAILABLE, host.error_message
+        host = runtimes.install_runtime(host.pk)
+        assert host.runtime["state"] == "ready", host.runtime
+        hosts.append(host)
+    yield hosts
+    tunnels.close_all()
+
+
+def test_a_four_machine_cluster_forms_over_ssh_runs_work_and_leaves_nothing(
+    lab, lab_hosts, alice, client_for, committed
+):
+    status = lab.status()
+    assert {h.node_ip for h in lab_hosts} == {status.machine(h.name).address for h in lab_hosts}
+    client = client_for(alice)
+    body = {"name": "on-the-lab", "nodes": 4, "gpus_per_node": 1, "gpu_models": ["H100"]}
+    with committed():
+        created = client.post("/api/v1/clusters/", body, format="json").json()
+    cluster = client.get(f"/api/v1/clusters/{created['id']}/").json()
+
+    assert cluster["status"] == "ready", cluster["failure_message"]
+    # Ray runs on the machines' lab addresses; Volt reached the head only through SSH.
+    assert cluster["connection"]["ray_address"].startswith("10.77.")
+    assert "-L 8265:10.77." in cluster["connection"]["dashboard_tunnel_command"]
+    # The probe ran over the veth links, shaped to the lab's fabric rate between the two blocks.
+    record, topology = operations.read_lab(lab.base, lab.number)
+    shaped = topology.rate_bytes(topology.machine("nw-01"), topology.machine("nw-03"), record.scale)
+    measured = cluster["measured_busbw_gbps"] * 1e9
+    assert cluster["probe_result"]["nodes"] == 4
+    assert 0.7 <= measured / shaped <= 1.3, (
+        f"probe {measured / 1e6:.1f} MB/s, links shaped to {shaped / 1e6:.1f}"
+    )
+
+    # Work lands on every machine, submitted as a pipeline would, over the same SSH forward.
+    model = Cluster.objects.get(pk=cluster["id"])
+    ran_on = run_on_every_node(
+        ray_head.dashboard_for(model), [h.pk for h in lab_hosts], cluster["connection"]["ray_auth_token"]
+    )
+    assert ran_on == {h.node_ip for h in lab_hosts}
+
+    with committed():
+        assert client.post(f"/api/v1/clusters/{cluster['id']}/terminate/").json()["status"] == "terminating"
+    assert client.get(f"/api/v1/clusters/{cluster['id']}/").json()["status"] == "terminated"
+    for host in Host.objects.filter(pk__in=[h.pk for h in lab_hosts]):
+        assert host.free_gpus == 2
+        with services.driver_for(host) as driver:
+            assert ray_nodes.node_processes(driver, ray_cluster_id(model)) == []
+        leftover = lab.ssh(
+            host.name, f"ls -d ~/{ray_nodes.workdir_for(ray_cluster_id(model))} 2>/dev/null; true"
+        )
+        assert leftover.strip() == ""
+    assert not Allocation.objects.filter(active=True).exists()

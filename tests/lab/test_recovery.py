@@ -1,0 +1,149 @@
+"""Recovery on lab machines (issue 25's acceptance): a 3-node cluster of five machines that are really
+apart runs the demo job with checkpoints on the lab's shared folder (VOLT_SSH_SHARED_DIR, the stand-in
+for shared storage until checkpoints have a store of their own). A worker's machine is powered off —
+every process of it ends, its sshd included — then the head's: each time the real watch (Celery beat and
+worker, through Redis) finds the cluster DEGRADED, recovery re-forms it on a spare machine, and the job
+resumes from its last synchronized checkpoint. Its final parameters are bitwise those of an uninterrupted
+run on the same cluster."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection
+
+from clusters import provision, services
+from clusters.models import Allocation, Cluster
+from clusters.provision import ray_cluster_id
+from clusters.provisioning import ray_nodes
+from inventory import runtimes, tunnels
+from inventory import services as inventory
+from inventory.choices import HostState
+from inventory.models import Host
+from tests.clusters.live_helpers import start_cluster_ids_at, worker_and_beat
+from tests.integration.test_recovery import last_recovery_id, node_of, wait_job, wait_recovery
+from tests.lab.conftest import onboard_machine
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+NAMES = ["nw-01", "nw-02", "nw-03", "nw-04", "nw-05"]
+TOPOLOGY = {
+    "sites": {"iad1": {"region": "us-east", "backbone_gbytes_per_s": 12.5}},
+    "fabrics": {"iad1-ndr": {"site": "iad1", "kind": "ib_ndr", "per_host_gbytes_per_s": 400}},
+    "machines": [
+        {
+            "name": name,
+            "provider": "northwind",
+            "fabric": "iad1-ndr",
+            "block": "r01",
+            "gpu_model": "H100",
+            "gpu_count": 1,
+        }  # fmt: skip
+        for name in NAMES
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def lab(make_lab):
+    return make_lab(TOPOLOGY)
+
+
+@pytest.fixture
+def lab_hosts(lab, northwind, northwind_ib, settings):
+    settings.VOLT_SSH_SHARED_DIR = "/mnt/volt-shared"
+    settings.VOLT_PROBE_MAX_MB = 4
+    settings.VOLT_PROBE_ITERS = 2
+    settings.VOLT_NODE_JOIN_TIMEOUT_S = 150
+    settings.VOLT_SLOW_HOST_REPLACEMENTS = 0
+    settings.VOLT_WATCH_INTERVAL_S = 2.0
+    settings.VOLT_AUTO_RECOVER = True
+    settings.VOLT_RECOVERY_RETRY_S = 2.0
+    settings.VOLT_JOB_POLL_S = 1.0
+    start_cluster_ids_at(random.randrange(100_000, 900_000))
+    hosts = [onboard_machine(lab, northwind, northwind_ib, name) for name in NAMES]
+    assert all(h.state == HostState.AVAILABLE for h in hosts), [h.error_message for h in hosts]
+
+    def install(host_id: int):
+        try:
+            return runtimes.install_runtime(host_id)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(len(hosts)) as pool:  # machines bootstrap in parallel, as onboarding queues them
+        hosts = list(pool.map(install, [h.pk for h in hosts]))
+    assert all(h.runtime["state"] == "ready" for h in hosts), [h.runtime for h in hosts]
+    yield hosts
+    for cluster in Cluster.objects.exclude(status__in=["terminated", "failed"]):
+        services.terminate_cluster(cluster, wait=True)
+    tunnels.close_all()
+
+
+def power_off(lab, node) -> str:
+    lab.manage("power-off", node.host.name)
+    return node.host.name
+
+
+def test_powering_off_a_worker_then_the_head_recovers_onto_spares_and_the_job_ends_bitwise_equal(
+    lab, lab_hosts, alice, team_a, tmp_path
+):
+    from jobs import services as jobs
+
+    cluster = services.request_cluster(
+        team_a, alice, {"name": "lab-train", "nodes": 3, "gpus_per_node": 1, "gpu_models": ["H100"]}
+    )
+    services.place_cluster(cluster.pk)
+    cluster = provision.provision_cluster(cluster.pk)
+    assert cluster.status == "ready", cluster.failure_message
+    steps, every = 100, 10
+
+    def demo(step_sleep: float):
+        return jobs.submit_job(cluster, alice, jobs.demo_entrypoint(steps, every, 0, step_sleep),
+                               working_dir=jobs.WORKLOADS_DIR, checkpoint_every=every, is_demo=True)  # fmt: skip
+
+    off = []
+    try:
+        with worker_and_beat(
+            tmp_path, 2.0, entries=("watch-clusters", "poll-jobs"), also={"retry-recoveries": 2.0}
+        ):
+            reference = wait_job(
+                demo(0.0).pk, lambda j: j.status in ("succeeded", "failed"), 400, "reference"
+            )
+            assert reference.status == "succeeded", reference.status_reason
+            expected = reference.result["params_sha256"]
+
+            job = demo(0.5)
+            wait_job(job.pk, lambda j: (j.last_step or 0) >= 25, 300, "the demo past its second checkpoint")
+            before = last_recovery_id(cluster)
+            off.append(power_off(lab, node_of(cluster, head=False)))
+            first = wait_recovery(cluster, before, status="succeeded")
+            assert [h["name"] for h in first.failed_hosts] == off and not first.head_lost
+
+            resumed_at = wait_job(job.pk, lambda j: j.attempt == 2 and (j.last_step or 0) > 0, 300, "resumed")
+            wait_job(
+                job.pk, lambda j: (j.last_step or 0) >= resumed_at.last_step + every, 300, "a checkpoint"
+            )
+            before = last_recovery_id(cluster)
+            off.append(power_off(lab, node_of(cluster, head=True)))
+            second = wait_recovery(cluster, before, status="succeeded")
+            assert [h["name"] for h in second.failed_hosts] == off[1:] and second.head_lost
+
+            job = wait_job(job.pk, lambda j: j.status in ("succeeded", "failed", "stopped"), 500, "the end")
+        assert job.status == "succeeded", (job.status_reason, jobs.read_log(job)["text"][-3000:])
+        assert job.attempt == 3 and job.last_step == steps
+        assert job.result["params_sha256"] == expected  # bitwise the same model as the uninterrupted run
+        cluster.refresh_from_db()
+        assert cluster.status == "ready"
+        assert {n.host.name for n in provision.active_nodes(cluster)}.isdisjoint(off)
+        assert set(Host.objects.filter(state=HostState.CORDONED).values_list("name", flat=True)) == set(off)
+
+        services.terminate_cluster(cluster, alice, wait=True)
+        assert not Allocation.objects.filter(active=True).exists()
+        for host in Host.objects.exclude(name__in=off):
+            with inventory.driver_for(host) as driver:
+                assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == []
+    finally:
+        for name in off:
+            lab.manage("power-on", name, check=False)
