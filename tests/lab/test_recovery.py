@@ -72,7 +72,8 @@ def lab_hosts(lab, northwind, northwind_ib, settings):
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(len(hosts)) as pool:  # machines bootstrap in parallel, as onboarding queues them
+    # Machines bootstrap in parallel, as onboarding queues them (SQLite, one writer at a time: in turn).
+    with ThreadPoolExecutor(len(hosts) if connection.vendor == "postgresql" else 1) as pool:
         hosts = list(pool.map(install, [h.pk for h in hosts]))
     assert all(h.runtime["state"] == "ready" for h in hosts), [h.runtime for h in hosts]
     yield hosts
