@@ -147,7 +147,9 @@ def kill(cluster, head: bool) -> str:
     return node.host.name
 
 
-def scenario(cluster, user, args, reference: str, head: bool) -> dict:
+def scenario(cluster, user, args, reference: str, head: bool, fault=kill) -> dict:
+    """The demo past two checkpoints, then `fault(cluster, head)` (default: SIGKILL of the node's Ray
+    processes; bench/lab.py powers its machine off) and the timings to the job's end."""
     from clusters.models import Recovery
     from jobs import services as jobs
 
@@ -158,7 +160,7 @@ def scenario(cluster, user, args, reference: str, head: bool) -> dict:
     before = Recovery.objects.filter(cluster=cluster).count()
     t0 = time.monotonic()
     wall0 = time.time()
-    host = kill(cluster, head)
+    host = fault(cluster, head)
     driver.next_sweep = 0.0
     job, seen = driver.run_job(job, lambda j: j.status in ("succeeded", "failed", "stopped"), fault_at=t0)
     record = Recovery.objects.filter(cluster=cluster).order_by("pk")[before:].first()

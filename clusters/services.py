@@ -181,22 +181,20 @@ def connection_details(cluster: Cluster, viewer: AbstractBaseUser | None = None)
     shown = token or "<the cluster's Ray token: shown to its team on the cluster's page>"
     head = next((n for n in cluster.nodes.all() if n.is_head and n.released_at is None), None)
     storage = tenancy.storage_location(cluster)
-    ssh = tunnel = None
+    tunnel = None
     submit_to = cluster.dashboard_url
     if head is not None and head.host.driver == "ssh":
+        # The head's dashboard listens on its private address: the team reaches it as Volt does, through an
+        # SSH forward. The cluster's key forwards ports only (tenancy.AUTHORIZED_KEY_OPTIONS): no shell.
         user = head.host.ssh_user or "root"
-        login = f"-p {head.host.ssh_port} {user}@{head.host.address}"
-        ssh = f"ssh -i volt-cluster-{cluster.pk}.key {login}"
-        # The head's dashboard listens on its private address: reach it as Volt does, over SSH.
         target = cluster.dashboard_url.removeprefix("http://").rstrip("/")
-        tunnel = f"ssh -i volt-cluster-{cluster.pk}.key -N -L 8265:{target} {login}"
+        tunnel = f"ssh -i volt-cluster-{cluster.pk}.key -N -L 8265:{target} -p {head.host.ssh_port} {user}@{head.host.address}"
         submit_to = "http://127.0.0.1:8265"
     return {
         "ray_address": cluster.ray_address,
         "dashboard_url": cluster.dashboard_url,
         "job_submission_address": cluster.dashboard_url,
-        "ssh_command": ssh,
-        "dashboard_tunnel_command": tunnel,
+        "ssh_command": tunnel,
         "storage_path": storage,
         "ssh_key_url": f"/api/v1/clusters/{cluster.pk}/ssh-key/",
         "ray_auth_token": token,

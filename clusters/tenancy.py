@@ -78,6 +78,18 @@ def ensure_keys(cluster: Cluster) -> None:
     cluster.refresh_from_db(fields=["ssh_public_key", "ssh_private_key_encrypted"])
 
 
+# How a cluster's public key is authorized on its hosts: the team may forward ports through the host's SSH
+# user (its dashboard: the hand-off's `ssh_command`), never run a command as that user. It is Volt's own login
+# (on a provider's host often with sudo); a job of the team already runs code on the host, so a forward
+# reaches nothing the team's code could not.
+AUTHORIZED_KEY_OPTIONS = 'restrict,port-forwarding,command="/bin/false"'
+
+
+def authorized_key_line(cluster: Cluster) -> str:
+    """The cluster's line in its hosts' ~/.ssh/authorized_keys (AUTHORIZED_KEY_OPTIONS, then the key)."""
+    return f"{AUTHORIZED_KEY_OPTIONS} {cluster.ssh_public_key}"
+
+
 def ray_auth_token(cluster: Cluster) -> str:
     """The cluster's Ray token in clear ("" before provisioning): Volt's own calls and the team's hand-off."""
     return crypto.decrypt(cluster.ray_auth_token_encrypted)

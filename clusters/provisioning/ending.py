@@ -76,9 +76,13 @@ def _stop_on_host(driver, cluster: Cluster, remove_workdir: bool) -> list[int]:
             f"rm -rf -- ~/{shlex.quote(workdir)}; rmdir ~/volt/clusters ~/volt 2>/dev/null; true", timeout=60
         )
     if cluster.ssh_public_key:
-        key = shlex.quote(cluster.ssh_public_key)
+        # Both forms: the restricted line, and the bare key of a cluster provisioned before keys were restricted.
+        lines = " ".join(
+            f"-e {shlex.quote(line)}"
+            for line in (tenancy.authorized_key_line(cluster), cluster.ssh_public_key)
+        )
         driver.run(
-            f"[ -f ~/.ssh/authorized_keys ] && grep -vxF {key} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt; "
+            f"[ -f ~/.ssh/authorized_keys ] && grep -vxF {lines} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt; "
             "[ -f ~/.ssh/.ak.volt ] && cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt; true",
             timeout=20,
         )

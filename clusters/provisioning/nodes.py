@@ -230,7 +230,7 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
     With `run_as` (local hosts, the cluster's own user) the shared storage belongs to that user.
     """
     workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
-    key = shlex.quote(cluster.ssh_public_key)
+    key = shlex.quote(tenancy.authorized_key_line(cluster))
     if isinstance(driver, inventory.LocalDriver):
         shared = shared_storage_dir(cluster)
         shared.mkdir(parents=True, exist_ok=True)

@@ -7,14 +7,18 @@ nothing of the cluster on any machine."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import pytest
+from django.test import Client
 
 from clusters.models import Allocation, Cluster
 from clusters.provision import ray_cluster_id
-from clusters.provisioning import ray_nodes
+from clusters.provisioning import ray_http, ray_nodes
 from clusters.telemetry import ray_head
 from inventory import runtimes, services, tunnels
 from inventory.choices import HostState
+from inventory.drivers.ssh import SshDriver
 from inventory.lab import operations
 from inventory.models import Host
 from tests.integration.test_provisioning import run_on_every_node
@@ -63,10 +67,15 @@ def lab_hosts(lab, northwind, northwind_ib, settings):
 
 
 def test_a_four_machine_cluster_forms_over_ssh_runs_work_and_leaves_nothing(
-    lab, lab_hosts, alice, client_for, committed
+    lab, lab_hosts, alice, priya, client_for, committed
 ):
     status = lab.status()
     assert {h.node_ip for h in lab_hosts} == {status.machine(h.name).address for h in lab_hosts}
+    page = Client()
+    page.force_login(priya)  # the provider's admin: the host's addresses, and who its tenants are
+    html = page.get(f"/inventory/hosts/{lab_hosts[0].pk}/").content.decode()
+    assert f'clusters use <span class="mono">{lab_hosts[0].private_address}</span>' in html
+    assert 'id="host-tenancy"' in html and "one team at a time" in html
     client = client_for(alice)
     body = {"name": "on-the-lab", "nodes": 4, "gpus_per_node": 1, "gpu_models": ["H100"]}
     with committed():
@@ -76,7 +85,7 @@ def test_a_four_machine_cluster_forms_over_ssh_runs_work_and_leaves_nothing(
     assert cluster["status"] == "ready", cluster["failure_message"]
     # Ray runs on the machines' lab addresses; Volt reached the head only through SSH.
     assert cluster["connection"]["ray_address"].startswith("10.77.")
-    assert "-L 8265:10.77." in cluster["connection"]["dashboard_tunnel_command"]
+    assert "-N -L 8265:10.77." in cluster["connection"]["ssh_command"]
     # The probe ran over the veth links, shaped to the lab's fabric rate between the two blocks.
     record, topology = operations.read_lab(lab.base, lab.number)
     shaped = topology.rate_bytes(topology.machine("nw-01"), topology.machine("nw-03"), record.scale)
@@ -86,8 +95,22 @@ def test_a_four_machine_cluster_forms_over_ssh_runs_work_and_leaves_nothing(
         f"probe {measured / 1e6:.1f} MB/s, links shaped to {shaped / 1e6:.1f}"
     )
 
-    # Work lands on every machine, submitted as a pipeline would, over the same SSH forward.
+    # The team's key (the hand-off's SSH command) forwards the dashboard but runs nothing as Volt's user.
     model = Cluster.objects.get(pk=cluster["id"])
+    head = model.nodes.select_related("host").get(is_head=True).host
+    key = client.get(f"/api/v1/clusters/{cluster['id']}/ssh-key/").content.decode()
+    team = SshDriver(host=head.address, port=head.ssh_port, username=head.ssh_user, private_key=key,
+                     known_host_key=head.ssh_host_key)  # fmt: skip
+    try:
+        shell = team.run("id")
+        assert not shell.ok and "uid=" not in shell.stdout
+        dashboard = urlsplit(model.dashboard_url)
+        forwarded = f"http://127.0.0.1:{team.forward(dashboard.hostname, dashboard.port)}"
+        assert len(ray_http.list_nodes(forwarded, 10, cluster["connection"]["ray_auth_token"])) == 4
+    finally:
+        team.close()
+
+    # Work lands on every machine, submitted as a pipeline would, over the same SSH forward.
     ran_on = run_on_every_node(
         ray_head.dashboard_for(model), [h.pk for h in lab_hosts], cluster["connection"]["ray_auth_token"]
     )

@@ -1,6 +1,12 @@
-"""Create the demo's users, teams, providers and a small real inventory of `local` hosts. Idempotent."""
+"""Create the demo's users, teams, providers and a small real inventory of `local` hosts. Idempotent.
+
+With `--lab N` (root; `manage.py lab up --lab N` first) the inventory is lab N's machines instead, added as
+`ssh` hosts at their gates with their lab addresses as private addresses, as a provider admin would add
+real machines: onboarding and Volt's runtime install run as Celery tasks, shown live on each host's page.
+"""
 
 from decimal import Decimal
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -25,6 +31,9 @@ USERS = {
     "omar": (False, None, None, "Helios Compute"),
 }
 TEAMS = {"demo-lab": "Demo Lab", "other-lab": "Other Lab"}
+# The lab's default providers (inventory/lab/topology.py) as the demo's.
+LAB_PROVIDERS = {"northwind": "Northwind GPU Cloud", "helios": "Helios Compute"}
+LAB_PRICES = {"H100": "2.49", "A100": "1.49", "L40S": "0.89", "RTX 4090": "0.39"}
 
 # provider -> fabrics: (site, region, fabric, kind, per-host GB/s, oversubscription, {block: [(host, model, gpus, $)]})
 INVENTORY = {
@@ -88,7 +97,15 @@ INVENTORY = {
 class Command(BaseCommand):
     help = "Seed demo users, teams, providers and local hosts (discovered for real). Safe to run twice."
 
-    def handle(self, *args, **options):
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--lab", type=int, default=0,
+            help="Add lab N's machines (manage.py lab up --lab N) as SSH hosts instead of local hosts.",
+        )  # fmt: skip
+
+    def handle(self, *args, lab=0, **options):
+        if lab:
+            return self._lab(lab)
         if not settings.VOLT_ALLOW_LOCAL_HOSTS:
             raise CommandError(
                 "seed_demo adds local (simulated) hosts, which are off here: run `manage.py demo`, "
@@ -153,3 +170,50 @@ class Command(BaseCommand):
             f"  {host.name}: {host.get_state_display()} ({host.gpu_count} x {host.gpu_model or model})"
         )
         return 1
+
+    def _lab(self, number: int) -> None:
+        from inventory.lab import operations
+
+        try:
+            status = operations.status(Path(settings.VOLT_LAB_DIR), number)
+            _, topology = operations.read_lab(Path(settings.VOLT_LAB_DIR), number)
+        except (OSError, ValueError, operations.LabError) as exc:
+            raise CommandError(
+                f"lab {number} is not up ({exc}): run `manage.py lab up --lab {number}` first."
+            ) from None
+        unknown = {m.provider for m in topology.machines} - set(LAB_PROVIDERS)
+        if unknown:
+            raise CommandError(
+                f"the demo knows the lab providers {', '.join(LAB_PROVIDERS)}, not {', '.join(unknown)}"
+            )
+        users = self._users()
+        fabrics = topology.declared.get("fabrics", {})
+        key = status.key_path.read_text()
+        queued = 0
+        for machine in topology.machines:
+            provider = self._provider(LAB_PROVIDERS[machine.provider], users)
+            if (
+                Host.objects.filter(provider=provider, name=machine.name)
+                .exclude(state=HostState.RETIRED)
+                .exists()
+            ):
+                continue
+            site = services.get_or_create_site(machine.site, machine.region)
+            fabric = services.create_fabric(
+                provider, site, machine.fabric, fabrics[machine.fabric]["kind"], machine.fabric_gbps,
+                machine.oversubscription, [machine.block],
+            )  # fmt: skip
+            block, _ = Block.objects.get_or_create(fabric=fabric, name=machine.block)
+            seen = status.machine(machine.name)
+            request = services.HostRequest(
+                name=machine.name, block=block, driver=DriverKind.SSH,
+                price_per_gpu_hour=Decimal(LAB_PRICES.get(machine.spec["gpu_model"], "1.00")),
+                address=seen.gate, ssh_port=seen.gate_port, ssh_user=status.login_user, ssh_private_key=key,
+                ssh_host_key=seen.host_key, private_address=seen.address,
+            )  # fmt: skip
+            with transaction.atomic():
+                services.add_host(provider, request)  # onboarding, then the runtime install: Celery tasks
+            queued += 1
+            self.stdout.write(f"  {machine.name}: {seen.address} behind {seen.gate}, onboarding queued")
+        self.stdout.write(self.style.SUCCESS(f"Lab {number}: {queued} machine(s) queued for onboarding."))
+        self.stdout.write(f"Logins (password {DEMO_PASSWORD!r}): " + ", ".join(USERS))

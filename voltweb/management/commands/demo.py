@@ -28,6 +28,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from inventory.lab.machines import SHARED_MOUNT as LAB_SHARED_DIR
 from voltweb import embedded_redis, namespace
 
 
@@ -43,9 +44,19 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--no-seed", action="store_true", help="Skip seeding demo users and hosts.")
         parser.add_argument("--exit-after", type=float, default=0, help="Stop after N seconds (smoke tests).")
+        parser.add_argument(
+            "--lab", action="store_true",
+            help="Root: run the demo's hosts as lab machines (manage.py lab; lab $VOLT_LAB, default 1), "
+            "onboarded over SSH, instead of local hosts. The lab goes down when the demo stops.",
+        )  # fmt: skip
 
-    def handle(self, port, no_seed, exit_after, **options):
+    def handle(self, port, no_seed, exit_after, lab=False, **options):
         _check_port_free(port)
+        self.lab = int(os.environ.get("VOLT_LAB", "1")) if lab else 0
+        if self.lab and os.geteuid() != 0:
+            raise CommandError("--lab makes network, mount and PID namespaces: run the demo as root (sudo).")
+        if self.lab:  # the lab's shared folder stands in for shared storage (checkpoints) on its machines
+            os.environ["VOLT_SSH_SHARED_DIR"] = settings.VOLT_SSH_SHARED_DIR = LAB_SHARED_DIR
         self.log = _open_log(settings.VOLT_DATA_DIR)
         self.tails: dict[str, collections.deque] = {}
         _log_this_process_to(self.log)
@@ -58,6 +69,9 @@ class Command(BaseCommand):
             self._stop_clusters()
             self._stop(redis)
             _remove_local_fabric()  # lo as it was: nothing of this demo stays shaped
+            if self.lab:
+                self._say(f"Taking lab {self.lab} down ...")
+                call_command("lab", "down", "--lab", str(self.lab))
             self._say("Demo stopped.")
             self.log.close()
 
@@ -86,7 +100,12 @@ class Command(BaseCommand):
                 call_command("local_runtime", rebuild=True)
             except CommandError as exc:
                 self._say(f"No local Ray runtime ({exc}): local clusters' jobs are not isolated.")
-        if not no_seed:
+        if self.lab:
+            self._say(f"Bringing lab {self.lab} up (8 machines apart on this box; about a minute) ...")
+            call_command("lab", "up", "--lab", str(self.lab))
+            if not no_seed:  # onboarding and runtime installs are queued: the worker runs them
+                call_command("seed_demo", lab=self.lab)
+        elif not no_seed:
             call_command("seed_demo")
         from inventory import services as inventory
 
