@@ -147,7 +147,7 @@ def bootstrap(status, names: list[str]) -> dict:
     }
 
 
-def onboard(status, names: list[str]):
+def onboard(status, names: list[str], scale: float):
     from decimal import Decimal
 
     from django.contrib.auth import get_user_model
@@ -157,8 +157,9 @@ def onboard(status, names: list[str]):
 
     owner = get_user_model().objects.create_user("bench-provider")
     provider = services.review_provider(services.register_provider(owner, "Northwind"), approve=True)
-    site = services.get_or_create_site("iad1", "us-east")
-    fabric = services.create_fabric(provider, site, "iad1-ndr", "ib_ndr", 400.0, 2.0, ["r1", "r2"])
+    # Declared as the lab delivers them: its topology's rates times its scale (as seed_demo --lab does).
+    site = services.get_or_create_site("iad1", "us-east", 12.5 * scale)
+    fabric = services.create_fabric(provider, site, "iad1-ndr", "ib_ndr", 400.0 * scale, 2.0, ["r1", "r2"])
     blocks = {b.name: b for b in fabric.blocks.all()}
     hosts = []
     for number, name in enumerate(names):
@@ -302,7 +303,9 @@ def main() -> None:
             boot = bootstrap(status, names)
             print(f"bootstrap: one {boot['one_s']} s, 8 in parallel {boot['parallel_8_s']} s", flush=True)
             northwind = [name for name in names if name.startswith("nw-")][:4]
-            hosts = onboard(status, northwind)
+            hosts = onboard(
+                status, northwind, operations.read_lab(Path(settings.VOLT_LAB_DIR), args.lab)[0].scale
+            )
             readiness = ready(hosts, args.rounds)
             print(f"ready: Volt {readiness['volt_s']} s (+ probe {readiness['probe_s']} s), "
                   f"by hand {readiness['by_hand_s']} s", flush=True)  # fmt: skip

@@ -11,6 +11,7 @@ from django.core.management import CommandError, call_command
 
 from inventory import services
 from inventory.choices import HostState
+from inventory.lab import operations
 from inventory.models import Host
 
 pytestmark = [pytest.mark.django_db]
@@ -54,6 +55,10 @@ def test_seed_demo_onboards_the_labs_machines_over_ssh_until_they_are_offered(la
         assert host.ssh_host_key == status.machine(name).host_key  # pinned from the lab, not learnt
         assert host.runtime["state"] == "ready", host.runtime
     assert services.offerable_hosts().count() == 2
+    # Declared as the lab shapes them (its topology's rates times its scale): predictions are about those.
+    record, _ = operations.read_lab(lab.base, lab.number)
+    assert hosts["nw-01"].fabric.per_host_gbytes_per_s == pytest.approx(400 * record.scale)
+    assert hosts["nw-01"].site.backbone_gbytes_per_s == pytest.approx(12.5 * record.scale)
 
     call_command("seed_demo", lab=lab.number)  # again: nothing added twice
     assert Host.objects.count() == 2

@@ -176,7 +176,7 @@ class Command(BaseCommand):
 
         try:
             status = operations.status(Path(settings.VOLT_LAB_DIR), number)
-            _, topology = operations.read_lab(Path(settings.VOLT_LAB_DIR), number)
+            record, topology = operations.read_lab(Path(settings.VOLT_LAB_DIR), number)
         except (OSError, ValueError, operations.LabError) as exc:
             raise CommandError(
                 f"lab {number} is not up ({exc}): run `manage.py lab up --lab {number}` first."
@@ -198,9 +198,13 @@ class Command(BaseCommand):
                 .exists()
             ):
                 continue
-            site = services.get_or_create_site(machine.site, machine.region)
+            # The provider declares what its links deliver: the lab shapes them to its topology's rates
+            # times its scale, so placement's predictions and the probe's verdicts are about those rates.
+            site = services.get_or_create_site(
+                machine.site, machine.region, machine.backbone_gbps * record.scale
+            )
             fabric = services.create_fabric(
-                provider, site, machine.fabric, fabrics[machine.fabric]["kind"], machine.fabric_gbps,
+                provider, site, machine.fabric, fabrics[machine.fabric]["kind"], machine.fabric_gbps * record.scale,
                 machine.oversubscription, [machine.block],
             )  # fmt: skip
             block, _ = Block.objects.get_or_create(fabric=fabric, name=machine.block)

@@ -349,6 +349,8 @@ def _log_this_process_to(log) -> None:
     for existing in root.handlers:
         existing.setLevel(max(existing.level, logging.WARNING))
     root.addHandler(handler)
+    # A line per SSH connection and channel (stopping clusters on SSH hosts, --lab): not the terminal's.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 
 def _last_event_ids() -> tuple[int, int]:
