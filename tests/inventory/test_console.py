@@ -227,3 +227,21 @@ def test_an_onboarding_host_offers_no_uncordon_and_refuses_one(client, priya, ho
     response = client.post(f"/inventory/hosts/{host.pk}/uncordon/", follow=True)
     assert "cannot go from onboarding to available" in response.content.decode()
     assert Host.objects.get(pk=host.pk).state == HostState.ONBOARDING
+
+
+def test_the_host_form_takes_a_private_address_for_an_ssh_host(client, priya, northwind, northwind_ib):
+    """Issue 25: where Volt's SSH reaches a host through a gateway, the provider gives the address its other
+    hosts reach it at; a malformed one is an inline error and creates nothing."""
+    from tests.inventory.test_onboarding_rules import ssh_key
+
+    client.force_login(priya)
+    form = {"name": "nw-07", "block": northwind_ib.blocks.first().pk, "driver": "ssh", "price_per_gpu_hour": "2",
+            "address": "gw.northwind.example", "ssh_port": "2207", "ssh_user": "volt", "ssh_private_key": ssh_key()}  # fmt: skip
+    url = f"/inventory/providers/{northwind.slug}/hosts/new/"
+    page = client.get(url).content.decode()
+    assert 'name="private_address"' in page and "Private address (SSH)" in page
+    bad = client.post(url, form | {"private_address": "10.77.1"})
+    assert bad.status_code == 200 and "private_address" in bad.context["form"].errors
+    assert not Host.objects.exists()
+    client.post(url, form | {"private_address": "10.77.1.17"})
+    assert Host.objects.get().private_address == "10.77.1.17" and Host.objects.get().node_ip == "10.77.1.17"
