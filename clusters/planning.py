@@ -20,7 +20,7 @@ from django.core.cache import cache
 from django.db.models import Case, Count, Exists, F, OuterRef, QuerySet, When
 from django.utils import timezone
 
-from clusters import placement
+from clusters import placement, quotas
 from clusters.choices import BandwidthSource
 from clusters.models import Allocation, BandwidthSample, Cluster
 from inventory import services as inventory
@@ -357,6 +357,14 @@ def preview(
     if not may_request_clusters(user):
         raise NoTeam()
     request = validate_spec(spec)
+    if team is not None:  # the team's quota, as a request would meet it (clusters/quotas.py)
+        try:
+            quotas.never_fits(team, request)
+        except quotas.QuotaNeverFits as exc:
+            return placement.Refusal(reasons=(str(exc),))
+        request, over_quota = quotas.narrow(team, request)
+        if over_quota:
+            return placement.Refusal(reasons=(f"{over_quota}: the request would queue until it fits",))
     return plan_request(request, team.pk if team is not None else None)
 
 

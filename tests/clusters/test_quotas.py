@@ -205,3 +205,22 @@ def test_the_team_page_shows_use_against_the_quota(alice, root, team_a, rack, cl
     body = client_for(alice).get(f"/api/v1/teams/{team_a.pk}/quota/").json()
     assert body["use"]["gpus_in_use"] == 8
     assert body["use"]["gpus_by_model"] == [{"model": "H100", "in_use": 8, "cap": 8}]
+
+
+def test_the_placement_preview_says_over_quota_with_the_figure_before_the_request_is_made(
+    alice, root, team_a, rack, client_for, committed
+):
+    """Issue 28 item 3's gap: the preview planned against free capacity only, so it showed a plan for a
+    request that would then queue "over quota"; it now says so, with the figure, and what happens."""
+    set_quota(client_for(root), team_a, committed, max_gpus=16)
+    client = client_for(alice)
+    assert client.post("/api/v1/placements/preview", spec(nodes=2), format="json").json()["placed"] is True
+    request(client, committed, nodes=2)  # 16 in use
+
+    body = client.post("/api/v1/placements/preview", spec(nodes=1), format="json").json()
+    assert body["placed"] is False
+    assert body["reasons"] == [
+        "over quota: Lab A would use 24 of 16 GPUs (16 in use + 8 asked): the request would queue until it fits"
+    ]
+    never = client.post("/api/v1/placements/preview", spec(nodes=3), format="json").json()
+    assert never["placed"] is False and "allows 16 GPUs in use at once" in never["reasons"][0]
