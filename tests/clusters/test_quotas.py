@@ -224,3 +224,14 @@ def test_the_placement_preview_says_over_quota_with_the_figure_before_the_reques
     ]
     never = client.post("/api/v1/placements/preview", spec(nodes=3), format="json").json()
     assert never["placed"] is False and "allows 16 GPUs in use at once" in never["reasons"][0]
+
+
+def test_django_admin_shows_a_teams_quota_read_only(root, team_a, client_for, committed):
+    """A platform admin in Django's admin sees the quota on the team's page; changes go through the audited
+    path (the Teams page, the API), so the admin offers no field to edit it."""
+    set_quota(client_for(root), team_a, committed, max_gpus=16, gpu_model_caps={"H100": 8})
+    page = Client()
+    page.force_login(root)
+    html = page.get(f"/admin/voltweb/team/{team_a.pk}/change/").content.decode()
+    assert "change it on the console" in html and "H100" in html
+    assert 'name="quota-0-max_gpus"' not in html  # read-only: no input
