@@ -181,7 +181,7 @@ def private_address_problem(host: Host, addresses: tuple[str, ...]) -> str:
         return ""
     have = ", ".join(a for a in addresses if not a.startswith("127.")) or "none besides loopback"
     return (
-        f"{host.name} has no address {host.private_address} (its IPv4 addresses: {have}); set the host's "
-        "private address to the one its provider's other hosts reach it at, or clear it when that is the "
-        "address Volt connects to, then retry onboarding."
+        f"{host.name} has no address {host.private_address} (its IPv4 addresses: {have}); retire this host "
+        "and add it again with the private address its provider's other hosts reach it at, or with none "
+        "when that is the address Volt connects to."
     )

@@ -40,6 +40,7 @@ def _identity(host: Host) -> tuple:
 
 def _driver(host: Host):
     global _owner_pid
+    evicted = []
     with _lock:
         if _owner_pid != os.getpid():  # forked: the parent's connections are not ours to use or close
             _drivers.clear()
@@ -47,13 +48,14 @@ def _driver(host: Host):
         key = _identity(host)
         driver = _drivers.get(key)
         if driver is None:
-            for stale in [k for k in _drivers if k[0] == host.pk]:
-                _drivers.pop(stale).close()
+            evicted += [_drivers.pop(k) for k in [k for k in _drivers if k[0] == host.pk]]
             driver = _drivers[key] = services.driver_for(host)
             while len(_drivers) > MAX_OPEN:
-                _drivers.popitem(last=False)[1].close()
+                evicted.append(_drivers.popitem(last=False)[1])
         _drivers.move_to_end(key)
-        return driver
+    for old in evicted:  # outside the lock: closing waits on the connection (seconds, when a host is gone)
+        old.close()
+    return driver
 
 
 def http_url(host: Host, url: str) -> str:

@@ -70,11 +70,6 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final:
 
 def _stop_on_host(driver, cluster: Cluster, remove_workdir: bool) -> list[int]:
     left = ray_nodes.stop_node(driver, ray_cluster_id(cluster))
-    if remove_workdir and not left:
-        workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
-        driver.run(
-            f"rm -rf -- ~/{shlex.quote(workdir)}; rmdir ~/volt/clusters ~/volt 2>/dev/null; true", timeout=60
-        )
     if cluster.ssh_public_key:
         # Both forms: the restricted line, and the bare key of a cluster provisioned before keys were restricted.
         lines = " ".join(
@@ -85,5 +80,10 @@ def _stop_on_host(driver, cluster: Cluster, remove_workdir: bool) -> list[int]:
             f"[ -f ~/.ssh/authorized_keys ] && grep -vxF {lines} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt; "
             "[ -f ~/.ssh/.ak.volt ] && cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt; true",
             timeout=20,
+        )
+    if remove_workdir and not left:  # after the key: a failed removal must not leave the team's key behind
+        workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
+        driver.run(
+            f"rm -rf -- ~/{shlex.quote(workdir)}; rmdir ~/volt/clusters ~/volt 2>/dev/null; true", timeout=60
         )
     return left

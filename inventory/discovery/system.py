@@ -28,7 +28,8 @@ SYSTEM_COMMAND = "; ".join(
         "echo @@user",
         "id -un 2>/dev/null; id -u 2>/dev/null",
         "echo @@addresses",
-        "ip -o -4 addr show 2>/dev/null | awk '{print $4}'",
+        "if command -v ip >/dev/null 2>&1; then ip -o -4 addr show 2>/dev/null | awk '{print $4}';"
+        " else hostname -I 2>/dev/null | tr ' ' '\\n'; fi",
         "echo @@sudo",
         "if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then echo yes; else echo no; fi",
     ]

@@ -414,6 +414,7 @@ class SshDriver(HostDriver):
         if known is not None and known[0] is conn:
             return known[1]
         try:
+            await self._check_forwarding(conn, target_host, target_port)
             listener = await conn.forward_local_port("127.0.0.1", 0, target_host, target_port)
         except (OSError, asyncssh.Error) as exc:
             raise DriverError(
@@ -422,6 +423,21 @@ class SshDriver(HostDriver):
             ) from None
         self._forwards[(target_host, target_port)] = (conn, listener.get_port())
         return listener.get_port()
+
+    @staticmethod
+    async def _check_forwarding(
+        conn: asyncssh.SSHClientConnection, target_host: str, target_port: int
+    ) -> None:
+        """A local listener is made without asking the server anything: ask once, so a host whose sshd
+        refuses forwarding says so now, not as every later request reset. Nothing listening there yet
+        (a head still starting) is no refusal."""
+        try:
+            _, writer = await conn.open_connection(target_host, target_port)
+        except asyncssh.ChannelOpenError as exc:
+            if exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED:
+                raise
+            return
+        writer.close()
 
     async def _disconnect(self) -> None:
         self._forwards.clear()

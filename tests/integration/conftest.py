@@ -25,9 +25,9 @@ def sshd_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     """A callable `(env=None) -> SshdServer`; every server it started is stopped at teardown."""
     started: list[SshdServer] = []
 
-    def start(env: dict[str, str] | None = None, listen: str = "127.0.0.1") -> SshdServer:
+    def start(env: dict[str, str] | None = None, listen: str = "127.0.0.1", extra: tuple = ()) -> SshdServer:
         try:
-            server = start_sshd(tmp_path_factory.mktemp("sshd"), env, listen)
+            server = start_sshd(tmp_path_factory.mktemp("sshd"), env, listen, extra)
         except SshdUnavailable as exc:
             pytest.fail(str(exc), pytrace=False)
         started.append(server)

@@ -94,7 +94,9 @@ def _setenv_word(name: str, value: str) -> str:
     return f'"{name}={value}"'
 
 
-def _config(workdir: Path, port: int, username: str, env: dict[str, str], listen: str = LOOPBACK) -> str:
+def _config(
+    workdir: Path, port: int, username: str, env: dict[str, str], listen: str = LOOPBACK, extra: tuple = ()
+) -> str:
     lines = [
         f"ListenAddress {listen}",
         f"Port {port}",
@@ -119,6 +121,7 @@ def _config(workdir: Path, port: int, username: str, env: dict[str, str], listen
         # too, as on a real host where both are the user's home (else they went to /root).
         "Subsystem sftp internal-sftp" + (f" -d {env['HOME']}" if env and env.get("HOME") else ""),
     ]
+    lines += list(extra)  # e.g. "AllowTcpForwarding no"
     if env:  # sshd keeps only the first SetEnv line: all variables go on one
         lines.append("SetEnv " + " ".join(_setenv_word(name, value) for name, value in env.items()))
     return "\n".join(lines) + "\n"
@@ -149,7 +152,9 @@ def _wait_for_greeting(server: SshdServer, deadline: float) -> bool:
     return False
 
 
-def start_sshd(workdir: Path, env: dict[str, str] | None = None, listen: str = LOOPBACK) -> SshdServer:
+def start_sshd(
+    workdir: Path, env: dict[str, str] | None = None, listen: str = LOOPBACK, extra: tuple = ()
+) -> SshdServer:
     """Start sshd on a free port of loopback address `listen`, serving the current user with a fresh client key."""
     if not listen.startswith("127."):
         raise ValueError(f"{listen}: test servers bind to loopback addresses only")
@@ -168,7 +173,7 @@ def start_sshd(workdir: Path, env: dict[str, str] | None = None, listen: str = L
     for _attempt in range(3):  # another process may take the free port before sshd binds it
         port = _free_port(listen)
         config_path = workdir / "sshd_config"
-        config_path.write_text(_config(workdir, port, username, env, listen))
+        config_path.write_text(_config(workdir, port, username, env, listen, extra))
         with open(workdir / "sshd.log", "ab") as log:
             process = subprocess.Popen(
                 [str(SSHD_BINARY), "-D", "-e", "-f", str(config_path)],

@@ -12,6 +12,7 @@ import pytest
 from inventory.drivers.base import (
     AuthenticationRefused,
     CommandTimeout,
+    DriverError,
     HostKeyMismatch,
     HostUnreachable,
     fan_out,
@@ -246,3 +247,24 @@ def test_private_key_that_is_not_a_key_is_rejected_clearly():
 def test_unreadable_host_key_line_is_rejected_clearly():
     with pytest.raises(InvalidKey, match="ssh-keyscan"):
         SshDriver("127.0.0.1", private_key=new_key_text(), known_host_key="not-a-key")
+
+
+def test_a_forward_reaches_a_port_as_the_host_sees_it_and_is_made_again_after_a_drop(driver, sshd):
+    """How Volt reaches a cluster head's dashboard on a host that opens SSH alone (inventory/tunnels.py)."""
+
+    def banner(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            return conn.recv(64)
+
+    port = driver.forward(sshd.host, sshd.port)  # the host's own sshd, reached through the forward
+    assert banner(port).startswith(b"SSH-2.0-")
+    assert driver.forward(sshd.host, sshd.port) == port  # one listener per target and connection
+    driver.close()  # the connection (and its listener) gone: asked again, a new one is made
+    again = driver.forward(sshd.host, sshd.port)
+    assert banner(again).startswith(b"SSH-2.0-")
+
+
+def test_a_host_whose_sshd_refuses_forwarding_says_so_at_once(sshd_factory):
+    server = sshd_factory(extra=("AllowTcpForwarding no",))
+    with driver_for(server) as drv, pytest.raises(DriverError, match="AllowTcpForwarding yes"):
+        drv.forward(server.host, server.port)

@@ -151,7 +151,9 @@ def test_a_jobs_log_on_an_ssh_head_is_read_through_its_driver_by_byte_offset(ali
         team=team_a, created_by=alice, name="logs-over-ssh", status="ready",
         spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]},
     )  # fmt: skip
-    node = ClusterNode.objects.create(cluster=cluster, host=head, rank=0, is_head=True, gpu_indices=[0], slot=8)
+    node = ClusterNode.objects.create(
+        cluster=cluster, host=head, rank=0, is_head=True, gpu_indices=[0], slot=8
+    )
     job = Job.objects.create(cluster=cluster, team=team_a, created_by=alice, entrypoint="python train.py",
                              ray_submission_id="volt-test-job-1-a1")  # fmt: skip
     temp_dir = Path(node_temp_dir(cluster, node))

@@ -126,7 +126,7 @@ def test_a_private_address_the_host_does_not_have_is_refused_with_the_fix():
     host = Host(name="nw-01", address="gw.example.net", private_address="10.77.1.12")
     problem = private_address_problem(host, ("127.0.0.1", "10.77.1.11"))
     assert problem.startswith("nw-01 has no address 10.77.1.12 (its IPv4 addresses: 10.77.1.11)")
-    assert "set the host's private address" in problem and "retry onboarding" in problem
+    assert "retire this host and add it again with the private address" in problem
     assert private_address_problem(host, ("10.77.1.12",)) == ""
     assert private_address_problem(Host(name="a", address="10.0.0.5"), ()) == ""  # none declared
     assert host.node_ip == "10.77.1.12" and Host(address="10.0.0.5").node_ip == "10.0.0.5"
