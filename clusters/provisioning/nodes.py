@@ -8,7 +8,6 @@ node that already runs), so a redelivered task carries on where the last one sto
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import shlex
 import socket
@@ -139,7 +138,7 @@ def _start(
             **_health_checks(head_address),
         },
         "auth_token": ray_auth_token(cluster),
-        "node_ip": node.host.node_ip if _is_ip(node.host.node_ip) else None,  # a name: refused with the fix
+        "node_ip": node.host.node_ip,
         "run_as": run_as if local else None,
         "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
     }
@@ -187,14 +186,6 @@ def _wait_alive(
         storage_path=tenancy.storage_location(cluster),
         updated_at=timezone.now(),
     )
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def python_for(host: Host) -> str:

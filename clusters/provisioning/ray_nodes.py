@@ -259,7 +259,7 @@ def _start_node(
         raise ValueError(f"run_as {run_as!r} is not a Unix user name.")
     if gpu_indices is not None and len(gpu_indices) != num_gpus:
         raise ValueError(f"num_gpus={num_gpus} but gpu_indices={list(gpu_indices)}: give one index per GPU.")
-    node_ip = node_ip or _ip_of(driver)
+    node_ip = _checked_ip(node_ip) if node_ip else _ip_of(driver)
     node_resources = {host_resource_name(host_id if host_id is not None else node_ip): 1, **(resources or {})}
     command = [
         *((shlex.quote(python), "-m", "ray.scripts.scripts") if python else ("ray",)),
@@ -449,6 +449,17 @@ def _role_flags(head_address: str | None, node_ip: str, ports: NodePorts) -> lis
         f"--dashboard-port={ports.dashboard}",
         f"--ray-client-server-port={ports.client_server}",
     ]
+
+
+def _checked_ip(node_ip: str) -> str:
+    """Ray binds and advertises an address, never a name (a DNS-named host needs a private address)."""
+    try:
+        return str(ipaddress.ip_address(node_ip))
+    except ValueError:
+        raise ValueError(
+            f"node_ip {node_ip!r} is not an IP address: Ray binds and advertises addresses; give the host's "
+            "private address (the one its provider's other hosts reach it at)."
+        ) from None
 
 
 def _ip_of(driver: HostDriver) -> str:

@@ -145,3 +145,21 @@ def test_the_api_takes_a_private_address_and_refuses_one_that_is_not_ipv4(
     made = client.post("/api/v1/hosts/", ssh_body(block=block, private_address="10.77.1.11"), format="json")
     assert made.status_code == 202, made.json()  # accepted: discovery is queued
     assert client.get(f"/api/v1/hosts/{made.json()['id']}/").json()["private_address"] == "10.77.1.11"
+
+
+def test_a_host_name_is_refused_as_a_ray_node_address_before_anything_runs():
+    """A DNS-named SSH host without a private address: Ray would get --node-ip-address=<name> and the
+    head's node list would never match; refused at once, saying what to give instead."""
+    from clusters.provisioning import ray_nodes
+
+    class NoHost:
+        address = "volt@gpu-07.example.net:22"
+
+        def run(self, command, timeout=None):
+            raise AssertionError("nothing may run on the host")
+
+    with pytest.raises(
+        ValueError, match=r"node_ip 'gpu-07.example.net' is not an IP address.*private address"
+    ):
+        ray_nodes.start_head(NoHost(), cluster_id="volt-x-1", ports=ray_nodes.ports_for(3),
+                             temp_dir="/tmp/volt-ray/x/1-0", node_ip="gpu-07.example.net")  # fmt: skip
