@@ -243,10 +243,9 @@ def ready(hosts, rounds: int) -> dict:
 
 
 def power_off(number: int, args) -> dict:
-    from bench.recovery import Driver, cluster_and_user, scenario
+    from bench.recovery import cluster_and_user, reference_run, scenario
     from clusters import services
     from clusters.provision import active_nodes
-    from jobs import services as jobs
 
     def fault(cluster, head: bool) -> str:
         node = next(n for n in active_nodes(cluster) if n.is_head == head)
@@ -258,12 +257,7 @@ def power_off(number: int, args) -> dict:
     settings.VOLT_JOB_POLL_S = 1.0
     cluster, user = cluster_and_user(3)
     try:
-        driver = Driver(cluster)
-        job = jobs.submit_job(cluster, user, jobs.demo_entrypoint(args.steps, args.checkpoint_every, 0, 0.0),
-                              working_dir=jobs.WORKLOADS_DIR, checkpoint_every=args.checkpoint_every,
-                              is_demo=True)  # fmt: skip
-        job, _ = driver.run_job(job, lambda j: j.status in ("succeeded", "failed", "stopped"))
-        result = scenario(cluster, user, args, job.result.get("params_sha256"), head=False, fault=fault)
+        result = scenario(cluster, user, args, reference_run(cluster, user, args), head=False, fault=fault)
     finally:
         cluster.refresh_from_db()
         if cluster.status not in ("terminated", "failed"):

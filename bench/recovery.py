@@ -135,6 +135,17 @@ class Driver:
         )
 
 
+def reference_run(cluster, user, args) -> str:
+    """The demo uninterrupted on `cluster` (seed 0, no step sleep): its final params_sha256, the reference."""
+    from jobs import services as jobs
+
+    job = jobs.submit_job(cluster, user, jobs.demo_entrypoint(args.steps, args.checkpoint_every, 0, 0.0),
+                          working_dir=jobs.WORKLOADS_DIR, checkpoint_every=args.checkpoint_every,
+                          is_demo=True)  # fmt: skip
+    job, _ = Driver(cluster).run_job(job, lambda j: j.status in ("succeeded", "failed", "stopped"))
+    return job.result.get("params_sha256")
+
+
 def kill(cluster, head: bool) -> str:
     from clusters.provision import active_nodes, ray_cluster_id
     from clusters.provisioning import ray_nodes
@@ -232,16 +243,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="volt-bench-recovery-") as workdir:
         setup(Path(workdir), hosts=6)
         from clusters import services
-        from jobs import services as jobs
 
         cluster, user = cluster_and_user(3)
         try:
-            driver = Driver(cluster)
-            job = jobs.submit_job(cluster, user, jobs.demo_entrypoint(args.steps, args.checkpoint_every, 0, 0.0),
-                                  working_dir=jobs.WORKLOADS_DIR, checkpoint_every=args.checkpoint_every,
-                                  is_demo=True)  # fmt: skip
-            job, _ = driver.run_job(job, lambda j: j.status in ("succeeded", "failed", "stopped"))
-            reference = job.result.get("params_sha256")
+            reference = reference_run(cluster, user, args)
             results = {
                 "worker_loss": scenario(cluster, user, args, reference, head=False),
                 "head_loss": scenario(cluster, user, args, reference, head=True),
