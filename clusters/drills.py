@@ -33,7 +33,7 @@ from clusters import transitions
 from clusters.choices import TERMINAL, ClusterStatus
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
-from clusters.tenancy import ray_cluster_id
+from clusters.tenancy import node_driver, ray_cluster_id
 from inventory import drill_effects
 from inventory import services as inventory
 from inventory.choices import DriverKind
@@ -173,7 +173,7 @@ def _record(cluster: Cluster, node: ClusterNode, user, drill: str, fault: str = 
 def _kill(cluster: Cluster, node: ClusterNode, user) -> tuple[str, HostDrill | None]:
     row = _record(cluster, node, user, KILL)
     pids: list[int] = []
-    with inventory.driver_for(node.host) as driver:
+    with node_driver(node.host) as driver:
         try:
             pids = ray_nodes.node_processes(driver, ray_cluster_id(cluster))
             if not pids:

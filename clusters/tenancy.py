@@ -3,8 +3,9 @@
 - an ed25519 key pair (SSH hosts authorize the public half; the team downloads the private half),
 - a Ray token: every node runs `RAY_AUTH_MODE=token`, Volt's workers send it to the head, the team
   gets it in the READY hand-off,
-- on `local` hosts when Volt is root, a Unix user of its own that its Ray processes run as, removed
-  with everything it still runs when the cluster ends,
+- where Volt has the privilege (`local` hosts when Volt is root; SSH hosts whose login user is root or may
+  use passwordless sudo), a Unix user of its own that its Ray processes run as, removed with everything
+  it still runs when the cluster ends,
 - its nodes' temp dirs and its shared storage.
 
 Secrets are Fernet-encrypted at rest (voltweb/crypto.py) and generated once per cluster.
@@ -27,7 +28,8 @@ from clusters.provisioning import node_firewall, node_users, ray_nodes
 from inventory import local_runtime
 from inventory import services as inventory
 from inventory.choices import DriverKind
-from inventory.drivers.base import DriverError, HostDriver
+from inventory.drivers.base import DriverError, HostDriver, fan_out
+from inventory.drivers.sudo import SudoDriver
 from voltweb import crypto, namespace
 
 NOT_FIREWALLED = (
@@ -102,14 +104,13 @@ def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[H
     runtime, inventory/local_runtime.py), or when Volt is not root
     (then Ray runs as Volt's own user: the
     caller says so on the timeline, see NOT_ISOLATED). Local hosts share this machine, so one user
-    serves every local node of the cluster. SSH hosts run Ray as their SSH user; a host serves one team
-    at a time (clusters.services.candidate_snapshots). Raises DriverError if the user cannot be made.
+    serves every local node of the cluster. SSH hosts get theirs from ensure_ssh_node_users.
+    Raises DriverError if the user cannot be made.
     """
     local = [d for n, d in zip(nodes, drivers, strict=True) if n.host.driver == DriverKind.LOCAL]
     if not local or not environment_open_to_others():
         return None
-    install = str(Path(settings.VOLT_DATA_DIR).resolve())
-    name = cluster.node_user or node_users.user_name(cluster.pk, install)
+    name = _node_user_name(cluster)
     for number, driver in enumerate(local):  # one machine: any host that answers will do
         try:
             if not node_users.ensure_user(driver, name):
@@ -118,10 +119,92 @@ def ensure_node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list[H
         except DriverError:
             if number == len(local) - 1:
                 raise
+    _record_node_user(cluster, name)
+    return name
+
+
+def ensure_ssh_node_users(
+    cluster: Cluster, nodes: list[ClusterNode], drivers: list[HostDriver]
+) -> list[tuple[ClusterNode, Exception]]:
+    """The cluster's own Unix user on each of its SSH hosts where Volt has the privilege (own_user_host),
+    created if missing with the same uid and gid everywhere (VOLT_SSH_NODE_UID_BASE + the cluster's id: the
+    hosts share the storage folder); `drivers` are node_driver's. The nodes it failed on, with why.
+
+    For clusters with no local host: one with both (which a real network would not join) keeps Ray as the
+    SSH login on its SSH hosts, so that its one `node_user` names this machine's user alone."""
+    pairs = [(n, d) for n, d in zip(nodes, drivers, strict=True) if own_user_host(n.host)]
+    if not pairs:
+        return []
+    name = _node_user_name(cluster)
+    uid = ssh_node_uid(cluster)
+
+    def ensure(driver: HostDriver) -> None:
+        if not node_users.ensure_user(driver, name, uid=uid):
+            raise node_users.UserSetupFailed(
+                f"{driver.address} did not run Volt's command as root: the cluster cannot run as a user of "
+                "its own there. Rediscover the host (its recorded privilege is out of date)."
+            )
+
+    results = fan_out([d for _, d in pairs], ensure)
+    failed = [(n, r) for (n, _), r in zip(pairs, results, strict=True) if isinstance(r, Exception)]
+    if len(failed) < len(pairs):
+        _record_node_user(cluster, name)
+    return failed
+
+
+def _node_user_name(cluster: Cluster) -> str:
+    return cluster.node_user or node_users.user_name(cluster.pk, str(Path(settings.VOLT_DATA_DIR).resolve()))
+
+
+def _record_node_user(cluster: Cluster, name: str) -> None:
     if cluster.node_user != name:
         Cluster.objects.filter(pk=cluster.pk).update(node_user=name)
         cluster.node_user = name
-    return name
+
+
+def ssh_node_uid(cluster: Cluster) -> int:
+    """The uid (and gid) of the cluster's user on every SSH host (see ensure_ssh_node_users)."""
+    return int(settings.VOLT_SSH_NODE_UID_BASE) + int(cluster.pk)
+
+
+def own_user_host(host) -> bool:
+    """Whether the cluster's Ray runs as a Unix user of its own on this SSH host: Volt's login user there is
+    root or may use passwordless sudo (discovery records which: `Host.system["privilege"]`)."""
+    return host.driver == DriverKind.SSH and (host.system or {}).get("privilege") in ("root", "sudo")
+
+
+def node_user_on(cluster: Cluster, host) -> str | None:
+    """The Unix user the cluster's Ray runs as on `host`, when it is one of the cluster's own; else None
+    (Ray runs as the driver's user: Volt's own, or the SSH login)."""
+    if not cluster.node_user:
+        return None
+    if host.driver == DriverKind.LOCAL:
+        return cluster.node_user
+    if own_user_host(host) and not cluster.nodes.filter(host__driver=DriverKind.LOCAL).exists():
+        return cluster.node_user  # a cluster with local hosts too keeps its SSH hosts' login (see above)
+    return None
+
+
+def node_driver(host) -> HostDriver:
+    """The driver cluster work on `host` goes through: on an SSH host where Volt may use sudo, every command
+    as root (`sudo -n`), which starting Ray as the cluster's user, finding its processes and reading as it
+    need; elsewhere the host's own driver."""
+    driver = inventory.driver_for(host)
+    if host.driver == DriverKind.SSH and (host.system or {}).get("privilege") == "sudo":
+        return SudoDriver(driver)
+    return driver
+
+
+def remove_ssh_node_user(cluster: Cluster, driver: HostDriver, nodes: list[ClusterNode]) -> None:
+    """Remove the cluster's user from one SSH host (`nodes`: the cluster's nodes there), with whatever still
+    runs as it and its nodes' temp dirs; its shared storage goes back to root. Raises DriverError."""
+    shared = [f"{settings.VOLT_SSH_SHARED_DIR.rstrip('/')}/{ray_cluster_id(cluster)}"]
+    node_users.remove_user(
+        driver,
+        cluster.node_user,
+        remove_dirs=[node_temp_dir(cluster, n) for n in nodes if n.slot is not None],
+        disown_dirs=shared if settings.VOLT_SSH_SHARED_DIR else [],
+    )
 
 
 def volt_service_ports() -> set[int]:
@@ -204,16 +287,18 @@ def as_node_user(cluster: Cluster, host, command: str) -> str:
 
     A job is hostile code: as root, Volt would follow a link the job left in place of its log to any file
     of the machine (Volt's secrets, /etc/shadow) and hand it back as the job's log. Run as the cluster's
-    user, the read gets exactly what the job itself could read. Local hosts with a user of the cluster's
-    own switch to it (Volt is root there); elsewhere Ray runs as the driver's own user already."""
+    user, the read gets exactly what the job itself could read. Hosts with a user of the cluster's own
+    switch to it (local hosts: Volt is root; SSH hosts: through node_driver's root); elsewhere Ray runs as
+    the driver's own user already."""
     switch = node_user_prefix(cluster, host)
     return f"{switch}sh -c {shlex.quote(command)}" if switch else command
 
 
 def node_user_prefix(cluster: Cluster, host) -> str:
     """`setpriv ... -- ` that runs what follows as the cluster's own user on `host`, or "" (see as_node_user)."""
-    if cluster.node_user and host.driver == DriverKind.LOCAL:
-        user = shlex.quote(cluster.node_user)
+    name = node_user_on(cluster, host)
+    if name:
+        user = shlex.quote(name)
         return f"setpriv --reuid={user} --regid={user} --clear-groups -- "
     return ""
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import (
+    node_driver,
     node_user_prefix,
     ray_cluster_id,
     storage_location,
 )
 from inventory import local_runtime, runtimes
-from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
 from jobs import onray
@@ -41,7 +41,7 @@ def scan_storage(job: Job) -> list[dict]:
         return []
     head = nodes[0]
     folder = onray.checkpoint_dir(job).replace("${HOME}", "$HOME")
-    with inventory.driver_for(head.host) as driver:
+    with node_driver(head.host) as driver:
         if head.host.driver == DriverKind.LOCAL:
             module, python = str(WORKLOADS_DIR / CKPT_MODULE), local_runtime.python_for_local_hosts()
         else:

@@ -23,9 +23,9 @@ from clusters.choices import ClusterStatus, MetricSource
 from clusters.telemetry import metrics
 from clusters.tenancy import (
     as_node_user,
+    node_driver,
     node_temp_dir,
 )
-from inventory import services as inventory
 from inventory.drivers.base import DriverError
 from jobs import checkpoints, logtext, onray, transitions
 from jobs.choices import FROM_RAY, LIVE, TERMINAL, WAITING, JobStatus
@@ -238,7 +238,7 @@ def read_head_log(job: Job, offset: int, limit: int) -> tuple[bytes, int] | None
         f'tail -c +{int(offset) + 1} "$f" | head -c {int(limit)} | base64 -w0; echo; '
         'else echo "VOLT-LOG refused"; fi; else echo "VOLT-LOG missing"; fi'
     )
-    with inventory.driver_for(head.host) as driver:
+    with node_driver(head.host) as driver:
         result = driver.run(as_node_user(job.cluster, head.host, command), timeout=LOG_READ_TIMEOUT_S)
     lines = result.stdout.splitlines()
     marks = [n for n, line in enumerate(lines) if line.startswith("VOLT-LOG ")]

@@ -15,9 +15,9 @@ from clusters.choices import ClusterStatus
 from clusters.models import Cluster
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import (
+    node_driver,
     ray_cluster_id,
 )
-from inventory import services as inventory
 from inventory.drivers.base import DriverError
 from jobs import following, onray, transitions
 from jobs.choices import LIVE, TERMINAL, WAITING, JobStatus
@@ -95,7 +95,7 @@ def job_processes_by_host(job: Job, *, kill: bool = False) -> dict[str, list[int
     """PIDs of the job's processes per host name (every active node of its cluster)."""
     found = {}
     for node in onray.live_nodes(job.cluster):
-        with inventory.driver_for(node.host) as driver:
+        with node_driver(node.host) as driver:
             found[node.host.name] = ray_nodes.job_processes(
                 driver, ray_cluster_id(job.cluster), onray.job_marker(job), kill=kill
             )
@@ -108,7 +108,7 @@ def ensure_processes_gone(job: Job, timeout_s: float | None = None) -> list[str]
     problems: list[str] = []
     for node in onray.live_nodes(job.cluster):
         try:
-            with inventory.driver_for(node.host) as driver:
+            with node_driver(node.host) as driver:
                 args = (driver, ray_cluster_id(job.cluster), onray.job_marker(job))
                 while ray_nodes.job_processes(*args) and time.monotonic() < deadline:
                     time.sleep(0.5)

@@ -324,6 +324,11 @@ VOLT_LAB_DIR = Path(env_str("VOLT_LAB_DIR", "/var/lib/volt-lab"))
 # host) is <this>/<cluster's Ray id>, linked from its workdir on every node. "" (default): each host keeps
 # its own folder, which dies with the host.
 VOLT_SSH_SHARED_DIR = env_str("VOLT_SSH_SHARED_DIR", "")
+# On SSH hosts where Volt may use sudo, cluster N's Ray runs as a Unix user of its own with uid (and gid)
+# <this> + N, the same on every host: they share the storage folder above, and its files are that uid's.
+VOLT_SSH_NODE_UID_BASE = env_int(
+    "VOLT_SSH_NODE_UID_BASE", 1_500_000_000, minimum=100_000, maximum=2_000_000_000
+)
 VOLT_LINK_FLAP_PERIOD_S = env_float("VOLT_LINK_FLAP_PERIOD_S", 3.0, minimum=0.5, maximum=600.0)
 VOLT_LINK_FLAP_MAX_S = env_float("VOLT_LINK_FLAP_MAX_S", 3600.0, minimum=1.0, maximum=86400.0)
 # TCP ports of Volt's own services on this machine that cluster users may not open (local hosts, as root:

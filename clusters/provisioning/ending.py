@@ -13,7 +13,6 @@ from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import ray_cluster_id
-from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import fan_out
 
@@ -45,16 +44,25 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final:
     """Stop this cluster's Ray processes (and only those) and remove its key, on every host it used.
 
     `final` (the cluster is done: terminated or failed) also removes its Unix user, with whatever
-    still runs as it, its nodes' temp dirs, and gives its shared storage back to root; on SSH hosts,
-    which are the provider's machines and not Volt's, its workdir goes too (logs, token, node files).
+    still runs as it, its nodes' temp dirs, and gives its shared storage back to root (this machine's for
+    local hosts; each SSH host's own where it has one); on SSH hosts, which are the provider's machines and
+    not Volt's, its workdir goes too (logs, token, node files). A host that does not answer keeps them.
     """
     nodes = nodes if nodes is not None else list(cluster.nodes.select_related("host__provider"))
     hosts = {node.host_id: node.host for node in nodes}
-    drivers = [inventory.driver_for(host) for host in hosts.values()]
+    drivers = [tenancy.node_driver(host) for host in hosts.values()]
     problems = []
     try:
         ssh = {id(drivers[i]) for i, host in enumerate(hosts.values()) if host.driver == DriverKind.SSH}
-        results = fan_out(drivers, lambda d: _stop_on_host(d, cluster, final and id(d) in ssh))
+        # The cluster's own user on an SSH host goes with its last node there (final teardown only).
+        users = {
+            id(drivers[i]): [n for n in nodes if n.host_id == host.pk]
+            for i, host in enumerate(hosts.values())
+            if final and host.driver == DriverKind.SSH and tenancy.node_user_on(cluster, host)
+        }
+        results = fan_out(
+            drivers, lambda d: _stop_on_host(d, cluster, final and id(d) in ssh, users.get(id(d)))
+        )
     finally:
         for driver in drivers:
             driver.close()
@@ -68,8 +76,13 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final:
     return problems
 
 
-def _stop_on_host(driver, cluster: Cluster, remove_workdir: bool) -> list[int]:
+def _stop_on_host(
+    driver, cluster: Cluster, remove_workdir: bool, user_nodes: list[ClusterNode] | None = None
+) -> list[int]:
     left = ray_nodes.stop_node(driver, ray_cluster_id(cluster))
+    if user_nodes is not None:  # and whatever still runs as the cluster's user (a job that left its node)
+        tenancy.remove_ssh_node_user(cluster, driver, user_nodes)
+        left = []
     if cluster.ssh_public_key:
         # Both forms: the restricted line, and the bare key of a cluster provisioned before keys were restricted.
         lines = " ".join(

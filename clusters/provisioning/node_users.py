@@ -35,20 +35,42 @@ def user_name(cluster_number: int, install: str) -> str:
     return f"volt{int(cluster_number)}-{digest}"
 
 
-def ensure_user(driver: HostDriver, name: str, timeout: float = 60) -> bool:
-    """Create the user (and its group) if missing; True when Ray can run as it, False when not root."""
+def ensure_user(driver: HostDriver, name: str, timeout: float = 60, *, uid: int | None = None) -> bool:
+    """Create the user (and its group) if missing; True when Ray can run as it, False when not root.
+
+    `uid` fixes the user's (and its group's) id: SSH hosts that mount one shared storage folder must agree
+    on who owns the cluster's files there (useradd would pick a different free id on each host). A user of
+    that name with another id, or the id taken by another user, is refused with what to do."""
     _check(name)
     quoted = shlex.quote(name)
+    if uid is None:
+        add = (
+            f"useradd --system --user-group --no-create-home --home-dir /nonexistent "
+            f"--shell /usr/sbin/nologin {quoted}"
+        )
+        clash = []
+    else:
+        number = int(uid)
+        # -l: no lastlog/faillog entry (a high uid makes those files huge, sparse or not).
+        add = (
+            f"{{ getent group {quoted} >/dev/null || groupadd --gid {number} {quoted}; }} && "
+            f"useradd --uid {number} --gid {number} -l --no-create-home --home-dir /nonexistent "
+            f"--shell /usr/sbin/nologin {quoted}"
+        )
+        clash = [
+            f'taken=$(getent passwd {number} | cut -d: -f1); if [ -n "$taken" ] && [ "$taken" != {quoted} ]; then',
+            f'  echo "VOLT_CLASH uid {number} already belongs to $taken"; exit 0; fi',
+        ]
     script = "\n".join(
         [
             f'[ "$(id -u)" = 0 ] || {{ echo {_NOT_ROOT}; exit 0; }}',
             _SBIN,
+            *clash,
             # useradd takes /etc/passwd's lock; another cluster's user being added at once makes it fail
             # with "cannot lock": try again a few times.
             "for attempt in 1 2 3 4 5 6 7 8 9 10; do",
             f"  id -u {quoted} >/dev/null 2>&1 && break",
-            f"  useradd --system --user-group --no-create-home --home-dir /nonexistent "
-            f"--shell /usr/sbin/nologin {quoted} && break",
+            f"  {add} && break",
             "  sleep 0.5",
             "done",
             f'echo "VOLT_USER $(id -u {quoted})"',
@@ -57,9 +79,21 @@ def ensure_user(driver: HostDriver, name: str, timeout: float = 60) -> bool:
     result = driver.run(script, timeout=timeout)
     if _NOT_ROOT in result.stdout:
         return False
-    if not result.ok or not re.search(r"^VOLT_USER \d+$", result.stdout, re.MULTILINE):
+    clashed = re.search(r"^VOLT_CLASH (.*)$", result.stdout, re.MULTILINE)
+    if clashed:
+        raise UserSetupFailed(
+            f"could not create the cluster's user {name} on {driver.address}: {clashed.group(1)}. Another "
+            "Volt install sharing this host uses the same ids: give one of them another VOLT_SSH_NODE_UID_BASE."
+        )
+    made = re.search(r"^VOLT_USER (\d+)$", result.stdout, re.MULTILINE)
+    if not result.ok or not made:
         output = (result.stderr.strip() or result.stdout.strip())[-500:]
         raise UserSetupFailed(f"could not create the cluster's user {name} on {driver.address}: {output}")
+    if uid is not None and int(made.group(1)) != int(uid):
+        raise UserSetupFailed(
+            f"the cluster's user {name} on {driver.address} has uid {made.group(1)}, not {uid}: remove that "
+            f"user (`userdel {name}`) and provision again."
+        )
     return True
 
 

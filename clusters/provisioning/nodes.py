@@ -30,6 +30,7 @@ from inventory import local_runtime, runtimes, tunnels
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError, fan_out
+from inventory.drivers.sudo import SudoDriver
 from inventory.models import Host
 from voltweb import namespace
 
@@ -67,14 +68,21 @@ def bring_up(cluster: Cluster) -> None:
     ensure_keys(cluster)
     nodes = assign_slots(cluster)
     _check_runtimes(nodes)
-    drivers = [inventory.driver_for(node.host) for node in nodes]
+    drivers = [tenancy.node_driver(node.host) for node in nodes]
     try:
         run_as = _node_user(cluster, nodes, drivers)
-        prepared = fan_out(drivers, lambda d: prepare_host(d, cluster, run_as))
+        users = {id(d): tenancy.node_user_on(cluster, n.host) for n, d in zip(nodes, drivers, strict=True)}
+        prepared = fan_out(drivers, lambda d: prepare_host(d, cluster, users[id(d)] if run_as else None))
         _check(nodes, prepared, "could not be prepared")
         still_wanted(cluster)
         head_index = next(i for i, node in enumerate(nodes) if node.is_head)
-        head = _start(cluster, nodes[head_index], drivers[head_index], None, run_as)
+        head = _start(
+            cluster,
+            nodes[head_index],
+            drivers[head_index],
+            None,
+            users[id(drivers[head_index])] if run_as else None,
+        )
         transitions.note(
             cluster, f"Ray head up on {nodes[head_index].host.name} ({head.gcs_address})", heartbeat=True
         )
@@ -82,7 +90,9 @@ def bring_up(cluster: Cluster) -> None:
         others = [i for i in range(len(nodes)) if i != head_index]
         started = fan_out(
             [drivers[i] for i in others],
-            lambda d: _start(cluster, nodes[drivers.index(d)], d, head.gcs_address, run_as),
+            lambda d: _start(
+                cluster, nodes[drivers.index(d)], d, head.gcs_address, users[id(d)] if run_as else None
+            ),
         )
         _check([nodes[i] for i in others], started, "could not start its Ray worker")
         _wait_alive(cluster, nodes, head, nodes[head_index].host)
@@ -101,12 +111,21 @@ def _check(nodes: list[ClusterNode], results: list, what: str) -> None:
 
 
 def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str | None:
+    """The cluster's own Unix user where Volt has the privilege (created where missing), or None. Local
+    hosts: this machine's user, Volt being root; SSH hosts (a cluster with no local node): one on each host
+    whose login is root or has sudo, with one uid everywhere."""
+    local = any(n.host.driver == DriverKind.LOCAL for n in nodes)
     try:
         run_as = tenancy.ensure_node_user(cluster, nodes, drivers)
     except DriverError as exc:
         raise HostsFailed([n.host_id for n in nodes if n.host.driver == DriverKind.LOCAL], str(exc)) from exc
-    local = any(n.host.driver == DriverKind.LOCAL for n in nodes)
-    if local and run_as is None and not cluster.events.filter(message=tenancy.NOT_ISOLATED).exists():
+    if not local:
+        failed = tenancy.ensure_ssh_node_users(cluster, nodes, drivers)
+        if failed:
+            detail = "; ".join(f"{n.host.name}: {e}" for n, e in failed)
+            raise HostsFailed([n.host_id for n, _ in failed], detail)
+        return cluster.node_user or None
+    if run_as is None and not cluster.events.filter(message=tenancy.NOT_ISOLATED).exists():
         transitions.note(cluster, tenancy.NOT_ISOLATED, heartbeat=True)
     if run_as is not None:
         try:
@@ -123,7 +142,10 @@ def _node_user(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str
 def _start(
     cluster: Cluster, node: ClusterNode, driver, head_address: str | None, run_as: str | None
 ) -> ray_nodes.NodeHandle:
+    """Start the node (`run_as`: the cluster's user on this host, tenancy.node_user_on; runs in a thread)."""
     local = node.host.driver == DriverKind.LOCAL
+    if run_as is None and isinstance(driver, SudoDriver):  # never Ray as root on a provider's host
+        raise HostsFailed([node.host_id], f"{node.host.name}: the cluster has no Unix user of its own there")
     options = {
         "cluster_id": ray_cluster_id(cluster),
         "ports": ray_nodes.ports_for(node.slot),
@@ -139,7 +161,8 @@ def _start(
         },
         "auth_token": ray_auth_token(cluster),
         "node_ip": node.host.node_ip,
-        "run_as": run_as if local else None,
+        "run_as": run_as,
+        "open_workdir": not local,
         "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
     }
     try:
@@ -227,10 +250,13 @@ def _health_checks(head_address: str | None) -> dict[str, str]:
 def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
     """Workspace, the cluster's public key authorized, shared storage reachable. Idempotent.
 
-    With `run_as` (local hosts, the cluster's own user) the shared storage belongs to that user.
+    With `run_as` (the cluster's own user) the shared storage belongs to that user, mode 0700. On an SSH
+    host its user must also reach that storage through the workdir's link, which sits in the login user's
+    home: the folders above it get o+x (search, no listing); the home's own files keep their modes.
     """
     workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
     key = shlex.quote(tenancy.authorized_key_line(cluster))
+    traverse = []
     if isinstance(driver, inventory.LocalDriver):
         shared = shared_storage_dir(cluster)
         shared.mkdir(parents=True, exist_ok=True)
@@ -240,12 +266,24 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
     elif settings.VOLT_SSH_SHARED_DIR:  # one folder every SSH host mounts at the same path
         shared = shlex.quote(f"{settings.VOLT_SSH_SHARED_DIR.rstrip('/')}/{ray_cluster_id(cluster)}")
         link = f"~/{workdir}/storage"
+        owner = f" && chown {run_as}:{run_as} {shared}" if run_as else ""
+        ours = '[ "$o" = 0 ] || [ "$o" = "$(id -u)" ]' + (
+            f' || [ "$o" = "$(id -u {run_as})" ]' if run_as else ""
+        )
+        # The shared folder is often writable by all (the lab's is 1777): a job may have planted a link, or a
+        # folder of its own, where a later cluster's storage goes. Root would chmod and chown what it points at.
         storage = (
-            f"{{ mkdir -p {shared} && chmod 700 {shared} && {{ [ -L {link} ] || [ ! -d {link} ] || rmdir {link}; }}"
+            f"{{ {{ [ ! -L {shared} ] && mkdir -p {shared} && o=$(stat -c %u {shared}) && {{ {ours}; }}; }} || "
+            f"{{ echo 'the storage folder '{shared}' is a link or another user made it: refusing it' >&2; exit 5; }}; }}"
+            f" && {{ chmod 700 {shared}{owner} && {{ [ -L {link} ] || [ ! -d {link} ] || rmdir {link}; }}"
             f" && ln -sfn {shared} {link}; }}"
         )
     else:
-        storage = f"mkdir -p ~/{workdir}/storage"
+        storage = f"mkdir -p ~/{workdir}/storage" + (
+            f" && chown {run_as}:{run_as} ~/{workdir}/storage" if run_as else ""
+        )
+    if run_as and not isinstance(driver, inventory.LocalDriver):
+        traverse = [f"chmod o+x ~ ~/volt ~/volt/clusters ~/{workdir}"]
     script = " && ".join(
         [
             f"mkdir -p ~/{workdir} ~/.ssh",
@@ -253,6 +291,7 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
             "touch ~/.ssh/authorized_keys",
             f"(grep -qxF {key} ~/.ssh/authorized_keys || echo {key} >> ~/.ssh/authorized_keys)",
             storage,
+            *traverse,
         ]
     )
     result = driver.run(script, timeout=30)

@@ -209,7 +209,8 @@ def start_head(
     default the node IP), `gpu_indices` (the host GPUs given to this cluster), `object_store_bytes`,
     `env` (extra environment for the node), `node_ip` (the address Ray binds and advertises; default
     the driver's address, which must then be an IP), `auth_token` (the cluster's Ray token: token
-    authentication on), `run_as` (a Unix user to run Ray as; the driver's user must be root). The node is up when
+    authentication on), `run_as` (a Unix user to run Ray as; the driver's user must be root), `open_workdir`
+    (the workdir searchable by others: run_as reaches the storage link in it). The node is up when
     `wait_for_nodes(handle.dashboard_url, 1, ...)` says so (~6-11 s here).
     """
     return _start_node(driver, cluster_id, ports, None, resources, num_gpus, temp_dir, python, **options)
@@ -253,6 +254,7 @@ def _start_node(
     run_as: str | None = None,
     hidden_paths: Sequence[str] = (),
     hostname: str | None = None,
+    open_workdir: bool = False,
 ) -> NodeHandle:
     _check_temp_dir(temp_dir)
     if run_as is not None and not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", run_as):
@@ -300,6 +302,9 @@ def _start_node(
             "set +m",  # no job control: the background job is no group leader, so setsid makes it one in place
             _list_function(cluster_id, driver),
             _cd_workdir(cluster_id, create=True),
+            # The storage link in here is how `run_as` reaches its storage on an SSH host (search only; the token
+            # waits here at mode 0600).
+            *(["chmod 711 ."] if run_as and open_workdir else []),
             # One start at a time per node; the lock is released when this script exits (fd 9 is not inherited).
             "exec 9> node.lock",
             "flock -w 20 9 || { echo 'another start of this node holds node.lock' >&2; exit 4; }",

@@ -50,7 +50,7 @@ def run_probe(cluster: Cluster, nodes: list[ClusterNode]) -> launch.ProbeRun:
     ordered = sorted(nodes, key=lambda node: (not node.is_head, node.host.node_ip))
     drivers = []
     try:
-        drivers = [inventory.driver_for(node.host) for node in ordered]
+        drivers = [tenancy.node_driver(node.host) for node in ordered]
         hosts = [_probe_host(cluster, node, driver) for node, driver in zip(ordered, drivers, strict=True)]
         return launch.run_probe(
             hosts,
@@ -87,13 +87,13 @@ def _probe_host(cluster: Cluster, node: ClusterNode, driver) -> launch.ProbeHost
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, node.gpu_indices)),  # the cluster's GPUs, as its node's
         **node_env(node.host),
     }
-    run_as = (cluster.node_user or None) if local else None
+    run_as = tenancy.node_user_on(cluster, node.host)  # its ranks run as its nodes do
     prefix = ray_nodes.launcher(
         tenancy.node_temp_dir(cluster, node),
         run_as,
         env,
         python,
-        tenancy.volt_socket_dirs() if run_as else (),
+        tenancy.volt_socket_dirs() if run_as and local else (),
     )
     return launch.ProbeHost(driver, node.host.node_ip, python, prefix)
 

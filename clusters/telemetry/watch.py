@@ -26,7 +26,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from clusters import recovery, transitions
+from clusters import recovery, tenancy, transitions
 from clusters.choices import WATCHED, ClusterStatus, MetricSeries, Verdict
 from clusters.models import Cluster, ClusterNode, MetricSample, NodeHealth
 from clusters.placement.bandwidth import format_gbps
@@ -34,7 +34,6 @@ from clusters.probes import allreduce
 from clusters.provision import active_nodes, ray_cluster_id
 from clusters.provisioning import ray_nodes
 from clusters.telemetry import health, metrics, ray_head
-from inventory import services as inventory
 from inventory.discovery.nvidia_smi import parse_query_gpu
 from inventory.discovery.probe import QUERY_COMMAND
 from inventory.discovery.types import ParseError
@@ -165,7 +164,7 @@ def read_hosts(cluster: Cluster, nodes: list[ClusterNode]) -> dict[int, health.H
 
 def read_host(node: ClusterNode, ray_id: str, timeout: float) -> health.HostReading:
     """Driver reachable, nvidia-smi on the node's GPUs, the cluster's Ray node process (runs in a thread)."""
-    driver = inventory.driver_for(node.host)
+    driver = tenancy.node_driver(node.host)
     try:
         driver.check_reachable(timeout)
         result = driver.run(QUERY_COMMAND, timeout)

@@ -1,4 +1,5 @@
-"""Host drivers: one interface (`HostDriver`), two implementations (`local`, `ssh`)."""
+"""Host drivers: one interface (`HostDriver`), two implementations (`local`, `ssh`), and `sudo.SudoDriver`,
+which runs another driver's commands as root (cluster work on SSH hosts where Volt may use sudo)."""
 
 from inventory.drivers.base import (
     AuthenticationRefused,

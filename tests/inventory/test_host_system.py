@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from inventory.discovery.system import HostSystem, parse_system
-from inventory.models import HostEvent
+from inventory.models import Host, HostEvent
 
 UBUNTU = """@@os
 PRETTY_NAME="Ubuntu 22.04.4 LTS"
@@ -108,6 +108,28 @@ def test_onboarding_records_the_facts_and_shows_them_to_the_hosts_admins_only(
     assert "VOLT_LOCAL_FABRIC_SCALE" not in html  # the factor itself, not a setting's name
     page.force_login(alice)
     assert 'id="host-system"' not in page.get(f"/inventory/hosts/{host.pk}/").content.decode()
+
+
+@pytest.mark.parametrize(
+    ("privilege", "says"),
+    [
+        ("sudo", "a Unix user of the cluster's own, made and removed by Volt through sudo"),
+        ("root", "a Unix user of the cluster's own, made and removed by Volt through root"),
+        ("none", 'run as <span class="mono">ubuntu</span> (no sudo for Volt here: clusters cannot get users'),
+    ],
+)
+def test_the_host_page_says_who_an_ssh_hosts_clusters_run_as(
+    northwind, northwind_ib, add_local_host, priya, privilege, says
+):
+    host = add_local_host(northwind, northwind_ib, "iad1-h100-02")
+    Host.objects.filter(pk=host.pk).update(
+        driver="ssh", system={**host.system, "user": "ubuntu", "privilege": privilege}
+    )
+    page = Client()
+    page.force_login(priya)
+    html = page.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    tenancy = re.search(r'<div id="host-tenancy">(.*?)</div>', html).group(1)
+    assert "one team at a time" in tenancy and says in tenancy
 
 
 # --- private addresses (issue 25: hosts Volt reaches through a gateway) ------------------------------

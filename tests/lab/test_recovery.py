@@ -140,11 +140,14 @@ def test_powering_off_a_worker_then_the_head_recovers_onto_spares_and_the_job_en
         assert {n.host.name for n in provision.active_nodes(cluster)}.isdisjoint(off)
         assert set(Host.objects.filter(state=HostState.CORDONED).values_list("name", flat=True)) == set(off)
 
+        assert cluster.node_user  # the job ran as the cluster's own user on every machine, replacements too
+
         services.terminate_cluster(cluster, alice, wait=True)
         assert not Allocation.objects.filter(active=True).exists()
         for host in Host.objects.exclude(name__in=off):
             with inventory.driver_for(host) as driver:
                 assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == []
+            assert lab.ssh(host.name, f"id -u {cluster.node_user} 2>/dev/null; true").strip() == ""
     finally:
         for name in off:
             lab.manage("power-on", name, check=False)
