@@ -81,15 +81,27 @@ def ensure_keys(cluster: Cluster) -> None:
 
 
 # How a cluster's public key is authorized on its hosts: the team may forward ports through the host's SSH
-# user (its dashboard: the hand-off's `ssh_command`), never run a command as that user. It is Volt's own login
-# (on a provider's host often with sudo); a job of the team already runs code on the host, so a forward
-# reaches nothing the team's code could not.
+# user to its head's dashboard alone (the hand-off's `ssh_command`; `permitopen`), never run a command as that
+# user nor reach anything else the host reaches (another cluster's dashboard, the provider's network). It is
+# Volt's own login (on a provider's host often with sudo).
 AUTHORIZED_KEY_OPTIONS = 'restrict,port-forwarding,command="/bin/false"'
 
 
-def authorized_key_line(cluster: Cluster) -> str:
-    """The cluster's line in its hosts' ~/.ssh/authorized_keys (AUTHORIZED_KEY_OPTIONS, then the key)."""
-    return f"{AUTHORIZED_KEY_OPTIONS} {cluster.ssh_public_key}"
+def authorized_key_line(cluster: Cluster, dashboard: str | None = None) -> str:
+    """The cluster's line in its hosts' ~/.ssh/authorized_keys: AUTHORIZED_KEY_OPTIONS, with `dashboard`
+    (`<head ip>:<port>`, dashboard_target) the one place a forward may go, then the key."""
+    permit = f',permitopen="{dashboard}"' if dashboard else ""
+    return f"{AUTHORIZED_KEY_OPTIONS}{permit} {cluster.ssh_public_key}"
+
+
+def dashboard_target(nodes: list[ClusterNode]) -> str | None:
+    """`<head's node ip>:<its dashboard port>` of a cluster whose nodes have their slots, as permitopen takes it
+    (an IPv6 address in brackets); None without a head."""
+    head = next((n for n in nodes if n.is_head and n.slot is not None), None)
+    if head is None:
+        return None
+    ip = head.host.node_ip
+    return f"{f'[{ip}]' if ':' in ip else ip}:{ray_nodes.ports_for(head.slot).dashboard}"
 
 
 def ray_auth_token(cluster: Cluster) -> str:

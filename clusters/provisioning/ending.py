@@ -83,14 +83,10 @@ def _stop_on_host(
     if user_nodes is not None:  # and whatever still runs as the cluster's user (a job that left its node)
         tenancy.remove_ssh_node_user(cluster, driver, user_nodes)
         left = []
-    if cluster.ssh_public_key:
-        # Both forms: the restricted line, and the bare key of a cluster provisioned before keys were restricted.
-        lines = " ".join(
-            f"-e {shlex.quote(line)}"
-            for line in (tenancy.authorized_key_line(cluster), cluster.ssh_public_key)
-        )
+    if cluster.ssh_public_key:  # every line of the key, whatever its options (the head it forwarded to moved)
         driver.run(
-            f"[ -f ~/.ssh/authorized_keys ] && grep -vxF {lines} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt; "
+            f"[ -f ~/.ssh/authorized_keys ] && grep -vF {shlex.quote(cluster.ssh_public_key)} ~/.ssh/authorized_keys"
+            " > ~/.ssh/.ak.volt; "
             "[ -f ~/.ssh/.ak.volt ] && cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt; true",
             timeout=20,
         )

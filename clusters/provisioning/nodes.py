@@ -72,7 +72,10 @@ def bring_up(cluster: Cluster) -> None:
     try:
         run_as = _node_user(cluster, nodes, drivers)
         users = {id(d): tenancy.node_user_on(cluster, n.host) for n, d in zip(nodes, drivers, strict=True)}
-        prepared = fan_out(drivers, lambda d: prepare_host(d, cluster, users[id(d)] if run_as else None))
+        dashboard = tenancy.dashboard_target(nodes)
+        prepared = fan_out(
+            drivers, lambda d: prepare_host(d, cluster, users[id(d)] if run_as else None, dashboard)
+        )
         _check(nodes, prepared, "could not be prepared")
         still_wanted(cluster)
         head_index = next(i for i, node in enumerate(nodes) if node.is_head)
@@ -247,15 +250,17 @@ def _health_checks(head_address: str | None) -> dict[str, str]:
     return {"RAY_health_check_period_ms": str(settings.VOLT_RAY_HEALTH_CHECK_PERIOD_MS)}
 
 
-def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
-    """Workspace, the cluster's public key authorized, shared storage reachable. Idempotent.
+def prepare_host(driver, cluster: Cluster, run_as: str | None = None, dashboard: str | None = None) -> None:
+    """Workspace, the cluster's public key authorized (forwards to `dashboard` alone, when given: its head's),
+    shared storage reachable. Idempotent.
 
     With `run_as` (the cluster's own user) the shared storage belongs to that user, mode 0700. On an SSH
     host its user must also reach that storage through the workdir's link, which sits in the login user's
     home: the folders above it get o+x (search, no listing); the home's own files keep their modes.
     """
     workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
-    key = shlex.quote(tenancy.authorized_key_line(cluster))
+    key = shlex.quote(tenancy.authorized_key_line(cluster, dashboard))
+    public = shlex.quote(cluster.ssh_public_key)
     traverse = []
     if isinstance(driver, inventory.LocalDriver):
         shared = shared_storage_dir(cluster)
@@ -289,7 +294,9 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None) -> None:
             f"mkdir -p ~/{workdir} ~/.ssh",
             "chmod 700 ~/.ssh",
             "touch ~/.ssh/authorized_keys",
-            f"(grep -qxF {key} ~/.ssh/authorized_keys || echo {key} >> ~/.ssh/authorized_keys)",
+            # One line per key: a recovered cluster's head moved, and with it the one place a forward may go.
+            f"(grep -qxF {key} ~/.ssh/authorized_keys || {{ grep -vF {public} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt;"
+            f" cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt && echo {key} >> ~/.ssh/authorized_keys; }})",
             storage,
             *traverse,
         ]

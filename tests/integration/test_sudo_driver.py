@@ -120,3 +120,23 @@ def test_a_link_planted_where_a_clusters_storage_goes_is_refused_not_followed(sa
     assert planted.stat().st_mode & 0o777 == 0o700
     link = sandbox / "home" / "volt" / "clusters" / ray_cluster_id(cluster) / "storage"
     assert link.resolve() == planted
+
+
+def test_the_key_forwards_to_its_heads_dashboard_alone_and_one_line_follows_a_moved_head(sandbox, settings):
+    settings.VOLT_SSH_SHARED_DIR = ""
+    cluster = Cluster(pk=424243, ssh_public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIF volt-cluster-424243")
+    keys = sandbox / "home" / ".ssh" / "authorized_keys"
+    keys.parent.mkdir(exist_ok=True)
+    keys.write_text("ssh-ed25519 AAAAothers volt-login\n")
+    driver = SudoDriver(LocalDriver(sandbox, "127.0.0.250"))
+
+    prepare_host(driver, cluster, dashboard="10.77.1.11:8265")
+    prepare_host(driver, cluster, dashboard="10.77.1.11:8265")  # idempotent
+    prepare_host(driver, cluster, dashboard="10.77.1.12:8365")  # recovery moved the head
+
+    lines = keys.read_text().splitlines()
+    assert lines == [
+        "ssh-ed25519 AAAAothers volt-login",
+        'restrict,port-forwarding,command="/bin/false",permitopen="10.77.1.12:8365" '
+        + cluster.ssh_public_key,
+    ]

@@ -23,6 +23,7 @@ from clusters.provisioning import ray_http, ray_nodes
 from clusters.telemetry import ray_head
 from inventory import runtimes, services, tunnels
 from inventory.choices import HostState
+from inventory.drivers.base import DriverError
 from inventory.drivers.ssh import SshDriver
 from inventory.lab import operations
 from inventory.models import Host
@@ -114,6 +115,11 @@ def test_a_four_machine_cluster_forms_over_ssh_runs_work_and_leaves_nothing(
         dashboard = urlsplit(model.dashboard_url)
         forwarded = f"http://127.0.0.1:{team.forward(dashboard.hostname, dashboard.port)}"
         assert len(ray_http.list_nodes(forwarded, 10, cluster["connection"]["ray_auth_token"])) == 4
+        # Nowhere else: not the head's GCS, not another host's sshd on the provider's network.
+        gcs = int(model.ray_address.rsplit(":", 1)[1])
+        for target in ((dashboard.hostname, gcs), (lab_hosts[1].node_ip, 22)):
+            with pytest.raises(DriverError, match="would not forward"):
+                team.forward(*target)
     finally:
         team.close()
 
