@@ -193,7 +193,7 @@ def by_hand(hosts) -> float:
     cluster_id = "by-hand"
     options = [
         {"cluster_id": cluster_id, "ports": ray_nodes.ports_for(90), "num_gpus": 2,
-         "temp_dir": "/tmp/volt-ray/by-hand", "python": runtimes.python_of(host), "node_ip": host.node_ip}
+         "temp_dir": "/tmp/volt-by-hand", "python": runtimes.python_of(host), "node_ip": host.node_ip}
         for host in hosts
     ]  # fmt: skip
     started = time.perf_counter()

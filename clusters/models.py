@@ -186,6 +186,13 @@ class ClusterNode(models.Model):
     slot = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Ray port block (ray_nodes.ports_for)."
     )
+    cleaned_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the cluster's final teardown left nothing of it on this node's host (processes, Unix "
+        "user, key, workdir); empty on an ended cluster while the host still holds them (it did not answer): "
+        "the reaper tries again.",
+    )
 
     objects = ClusterNodeQuerySet.as_manager()
 

@@ -30,9 +30,10 @@ from clusters import (
     transitions,
 )
 from clusters.choices import HOLDS_GPUS, LIVE, TERMINAL, ClusterStatus, FailureReason
-from clusters.models import Cluster
+from clusters.models import Cluster, ClusterNode
 from inventory import drill_effects
 from inventory import services as inventory
+from inventory.choices import DriverKind, HostState
 from voltweb import crypto, realtime
 from voltweb import services as accounts
 from voltweb.domain import DomainError
@@ -372,9 +373,10 @@ def reap_stuck_provisioning(older_than_s: int | None = None) -> int:
 
 def reap_cluster_leftovers(limit: int = 5) -> dict:
     """What ended clusters could not undo at their end, tried again: their Unix user (a host that did not
-    answer, a process that would not die) and their drills' faults and cordons (a worker that died
-    between the final status and their end). `limit` users per run, least recently tried first (one that
-    keeps failing goes to the back). Returns counts."""
+    answer, a process that would not die), what they left on SSH hosts that were off (_clean_returned_hosts)
+    and their drills' faults and cordons (a worker that died between the final status and their end).
+    `limit` users and clusters per run, least recently tried first (one that keeps failing goes to the
+    back). Returns counts."""
     pending = (
         Cluster.objects.filter(status__in=TERMINAL, node_user_removed_at__isnull=True)
         .exclude(node_user="")
@@ -391,6 +393,7 @@ def reap_cluster_leftovers(limit: int = 5) -> dict:
             transitions.note(
                 cluster, f"Unix user {cluster.node_user} removed (it could not be at the end)", heartbeat=True
             )
+    hosts = _clean_returned_hosts(limit)
     ended = 0
     open_pks = inventory.open_drill_cluster_pks()
     live = set(
@@ -403,7 +406,44 @@ def reap_cluster_leftovers(limit: int = 5) -> dict:
         else:  # deleted: its drills end all the same
             drill_effects.end_drills(cluster_pk, f"cluster #{cluster_pk} deleted")
         ended += 1
-    return {"node_users_removed": users, "clusters_drills_ended": ended}
+    return {"node_users_removed": users, "hosts_cleaned": hosts, "clusters_drills_ended": ended}
+
+
+def _clean_returned_hosts(limit: int) -> int:
+    """SSH hosts that did not answer their cluster's final teardown (a machine that was off) still hold its
+    processes, Unix user, key and workdir: try again, `limit` clusters a run, least recently tried first.
+    Retired and offline hosts are not tried. Returns how many hosts were cleaned."""
+    dirty = (
+        ClusterNode.objects.filter(
+            cluster__status__in=TERMINAL,
+            cleaned_at__isnull=True,
+            slot__isnull=False,
+            host__driver=DriverKind.SSH,
+        )
+        .exclude(host__state__in=[HostState.RETIRED, HostState.OFFLINE])
+        .order_by("cluster__updated_at", "cluster_id")
+        .values_list("cluster_id", flat=True)
+    )
+    cleaned = 0
+    for cluster_pk in list(dict.fromkeys(dirty))[:limit]:
+        cluster = Cluster.objects.get(pk=cluster_pk)
+        nodes = list(
+            cluster.nodes.filter(cleaned_at__isnull=True, slot__isnull=False, host__driver=DriverKind.SSH)
+            .exclude(host__state__in=[HostState.RETIRED, HostState.OFFLINE])
+            .select_related("host__provider")
+        )
+        problems = provision.teardown(cluster, nodes, final=True)
+        done = {n.host.name for n in nodes} - {p.split(":", 1)[0] for p in problems}
+        cleaned += len(done)
+        if done:
+            transitions.note(
+                cluster,
+                f"cleaned up on {', '.join(sorted(done))}, which did not answer at its end",
+                heartbeat=True,
+            )
+        if problems:
+            Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())
+    return cleaned
 
 
 def reap_stuck_placing(older_than_s: int = 120) -> int:

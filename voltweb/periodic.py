@@ -38,7 +38,7 @@ SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "monitoring"},
     },
-    "reap-cluster-leftovers": {  # ended clusters' Unix users not yet removed, their drills not yet ended
+    "reap-cluster-leftovers": {  # ended clusters' Unix users, hosts not yet cleaned, drills not yet ended
         "task": "clusters.tasks.reap_cluster_leftovers",
         "schedule": 60.0,
         "options": {"queue": "monitoring"},

@@ -66,9 +66,16 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final:
     finally:
         for driver in drivers:
             driver.close()
+    cleaned = []
     for host, result in zip(hosts.values(), results, strict=True):
         if isinstance(result, Exception) or result:
             problems.append(f"{host.name}: {result if isinstance(result, Exception) else f'left {result}'}")
+        else:
+            cleaned.append(host.pk)
+    if final and cleaned:  # what is left on the others is the reaper's (services.reap_cluster_leftovers)
+        ClusterNode.objects.filter(cluster=cluster, host_id__in=cleaned, cleaned_at__isnull=True).update(
+            cleaned_at=timezone.now()
+        )
     if final and cluster.node_user:
         problems += tenancy.remove_node_user(cluster)
     if problems:
