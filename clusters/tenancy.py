@@ -94,6 +94,25 @@ def authorized_key_line(cluster: Cluster, dashboard: str | None = None) -> str:
     return f"{AUTHORIZED_KEY_OPTIONS}{permit} {cluster.ssh_public_key}"
 
 
+def authorized_keys_script(public_key: str, line: str | None = None) -> str:
+    """Shell: the login's ~/.ssh/authorized_keys without any line holding `public_key`, then with `line` (if
+    given and not there already). Under a lock (two clusters' bring-ups and teardowns on one host at once
+    must not read a file the other is rewriting: Volt's own login key would go), through a private temp file,
+    and the file rewritten only when that filtering worked: a failing grep never empties it."""
+    keys, public = "~/.ssh/authorized_keys", shlex.quote(public_key)
+    steps = [
+        "flock -w 30 9 || { echo 'authorized_keys is locked by another of Volt' >&2; exit 6; }",
+        *([f"grep -qxF {shlex.quote(line)} {keys} && exit 0"] if line else []),
+        "t=$(mktemp ~/.ssh/.ak.volt.XXXXXX) || exit 6",
+        f'grep -vF {public} {keys} > "$t"; s=$?',
+        'if [ "$s" -gt 1 ]; then rm -f "$t"; exit 6; fi',
+        *([f'echo {shlex.quote(line)} >> "$t" || {{ rm -f "$t"; exit 6; }}'] if line else []),
+        f'cat "$t" > {keys}; s=$?; rm -f "$t"; exit $s',
+    ]
+    body = "; ".join(steps)
+    return f"mkdir -p ~/.ssh && chmod 700 ~/.ssh && touch {keys} && ( {body} ) 9> ~/.ssh/.volt-keys.lock"
+
+
 def dashboard_target(nodes: list[ClusterNode]) -> str | None:
     """`<head's node ip>:<its dashboard port>` of a cluster whose nodes have their slots, as permitopen takes it
     (an IPv6 address in brackets); None without a head."""

@@ -14,7 +14,7 @@ from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import ray_cluster_id
 from inventory.choices import DriverKind
-from inventory.drivers.base import fan_out
+from inventory.drivers.base import DriverError, fan_out
 
 logger = logging.getLogger(__name__)
 S = ClusterStatus
@@ -87,16 +87,15 @@ def _stop_on_host(
     driver, cluster: Cluster, remove_workdir: bool, user_nodes: list[ClusterNode] | None = None
 ) -> list[int]:
     left = ray_nodes.stop_node(driver, ray_cluster_id(cluster))
+    if cluster.ssh_public_key:  # every line of the key, whatever its options (the head it forwarded to moved)
+        result = driver.run(tenancy.authorized_keys_script(cluster.ssh_public_key), timeout=40)
+        if not result.ok:
+            raise DriverError(
+                f"could not remove the cluster's key: {(result.stderr or result.stdout).strip()[:200]}"
+            )
     if user_nodes is not None:  # and whatever still runs as the cluster's user (a job that left its node)
         tenancy.remove_ssh_node_user(cluster, driver, user_nodes)
         left = []
-    if cluster.ssh_public_key:  # every line of the key, whatever its options (the head it forwarded to moved)
-        driver.run(
-            f"[ -f ~/.ssh/authorized_keys ] && grep -vF {shlex.quote(cluster.ssh_public_key)} ~/.ssh/authorized_keys"
-            " > ~/.ssh/.ak.volt; "
-            "[ -f ~/.ssh/.ak.volt ] && cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt; true",
-            timeout=20,
-        )
     if remove_workdir and not left:  # after the key: a failed removal must not leave the team's key behind
         workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
         driver.run(

@@ -259,8 +259,6 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None, dashboard:
     home: the folders above it get o+x (search, no listing); the home's own files keep their modes.
     """
     workdir = ray_nodes.workdir_for(ray_cluster_id(cluster))
-    key = shlex.quote(tenancy.authorized_key_line(cluster, dashboard))
-    public = shlex.quote(cluster.ssh_public_key)
     traverse = []
     if isinstance(driver, inventory.LocalDriver):
         shared = shared_storage_dir(cluster)
@@ -271,17 +269,22 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None, dashboard:
     elif settings.VOLT_SSH_SHARED_DIR:  # one folder every SSH host mounts at the same path
         shared = shlex.quote(f"{settings.VOLT_SSH_SHARED_DIR.rstrip('/')}/{ray_cluster_id(cluster)}")
         link = f"~/{workdir}/storage"
-        owner = f" && chown {run_as}:{run_as} {shared}" if run_as else ""
-        ours = '[ "$o" = 0 ] || [ "$o" = "$(id -u)" ]' + (
-            f' || [ "$o" = "$(id -u {run_as})" ]' if run_as else ""
-        )
         # The shared folder is often writable by all (the lab's is 1777): a job may have planted a link, or a
-        # folder of its own, where a later cluster's storage goes. Root would chmod and chown what it points at.
+        # folder of its own, where a later cluster's storage goes, and root would chmod and chown what it points
+        # at. So root changes only a folder that is root's (it made it; no user can rename a root-owned entry
+        # of a sticky folder), and takes one that already is the cluster user's as it is (its owner could swap
+        # it for a link between a check and a chmod).
+        if run_as:
+            settle = (
+                f'u=$(id -u {run_as}) && {{ [ "$o" = "$u" ] || '
+                f'{{ [ "$o" = 0 ] && chmod 700 {shared} && chown {run_as}: {shared}; }}; }}'
+            )
+        else:
+            settle = f'[ "$o" = "$(id -u)" ] && chmod 700 {shared}'
         storage = (
-            f"{{ {{ [ ! -L {shared} ] && mkdir -p {shared} && o=$(stat -c %u {shared}) && {{ {ours}; }}; }} || "
+            f"{{ {{ [ ! -L {shared} ] && mkdir -p {shared} && o=$(stat -c %u {shared}) && {settle}; }} || "
             f"{{ echo 'the storage folder '{shared}' is a link or another user made it: refusing it' >&2; exit 5; }}; }}"
-            f" && {{ chmod 700 {shared}{owner} && {{ [ -L {link} ] || [ ! -d {link} ] || rmdir {link}; }}"
-            f" && ln -sfn {shared} {link}; }}"
+            f" && {{ [ -L {link} ] || [ ! -d {link} ] || rmdir {link}; }} && ln -sfn {shared} {link}"
         )
     else:
         storage = f"mkdir -p ~/{workdir}/storage" + (
@@ -291,12 +294,11 @@ def prepare_host(driver, cluster: Cluster, run_as: str | None = None, dashboard:
         traverse = [f"chmod o+x ~ ~/volt ~/volt/clusters ~/{workdir}"]
     script = " && ".join(
         [
-            f"mkdir -p ~/{workdir} ~/.ssh",
-            "chmod 700 ~/.ssh",
-            "touch ~/.ssh/authorized_keys",
+            f"mkdir -p ~/{workdir}",
             # One line per key: a recovered cluster's head moved, and with it the one place a forward may go.
-            f"(grep -qxF {key} ~/.ssh/authorized_keys || {{ grep -vF {public} ~/.ssh/authorized_keys > ~/.ssh/.ak.volt;"
-            f" cat ~/.ssh/.ak.volt > ~/.ssh/authorized_keys && rm -f ~/.ssh/.ak.volt && echo {key} >> ~/.ssh/authorized_keys; }})",
+            tenancy.authorized_keys_script(
+                cluster.ssh_public_key, tenancy.authorized_key_line(cluster, dashboard)
+            ),
             storage,
             *traverse,
         ]

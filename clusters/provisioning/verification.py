@@ -26,6 +26,7 @@ from clusters.tenancy import ray_cluster_id
 from inventory import services as inventory
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
+from inventory.drivers.sudo import SudoDriver
 
 logger = logging.getLogger(__name__)
 S = ClusterStatus
@@ -88,6 +89,8 @@ def _probe_host(cluster: Cluster, node: ClusterNode, driver) -> launch.ProbeHost
         **node_env(node.host),
     }
     run_as = tenancy.node_user_on(cluster, node.host)  # its ranks run as its nodes do
+    if run_as is None and isinstance(driver, SudoDriver):  # never as root on a provider's host
+        raise DriverError(f"{node.host.name}: the cluster has no Unix user of its own there")
     prefix = ray_nodes.launcher(
         tenancy.node_temp_dir(cluster, node),
         run_as,

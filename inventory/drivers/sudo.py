@@ -4,8 +4,8 @@ login user may use passwordless sudo, where a cluster's Ray runs as a Unix user 
 Starting Ray as another user (`setpriv`), finding a node by reading `/proc/<pid>/environ` of that user's
 processes, killing them, reading a job's log as its user: each needs root. Everything written through this
 driver is root's; `~` stays the login user's home (HOME is kept), so paths mean what they mean through the
-plain driver. Copies go to the login user's home over SFTP first (the session's own rights), then root
-installs them in place (mode 0600, root's) and removes the upload. Pure Python.
+plain driver. Copies go to a private folder of the login's over SFTP first (the session's own rights), then
+root installs them in place (mode 0600, root's) and removes the upload. Pure Python.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from inventory.drivers.base import CommandResult, DriverError, HostDriver
 
 # sudo resets the environment: HOME is handed over from the login session, so `~` is the same folder.
 _PREFIX = 'sudo -n env HOME="$HOME" sh -c '
+_UPLOADS = ".volt-uploads"
 
 
 class SudoDriver(HostDriver):
@@ -41,7 +42,14 @@ class SudoDriver(HostDriver):
         return result
 
     def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:
-        upload = f".volt-upload-{secrets.token_hex(8)}"
+        # Into a folder of the login's own, mode 0700: the upload is written before any chmod could close it,
+        # and a home open to others (0755 on older Debian and Ubuntu) must not show it in between.
+        made = self.inner.run(f"mkdir -p ~/{_UPLOADS} && chmod 700 ~/{_UPLOADS}", timeout=timeout)
+        if not made.ok:
+            raise DriverError(
+                f"could not make ~/{_UPLOADS} on {self.address}: {(made.stderr or made.stdout).strip()[:300]}"
+            )
+        upload = f"{_UPLOADS}/{secrets.token_hex(8)}"
         self.inner.copy_file(local_path, upload, timeout=timeout)
         target = (
             shlex.quote(remote_path) if remote_path.startswith("/") else f'"$HOME"/{shlex.quote(remote_path)}'

@@ -84,3 +84,33 @@ def test_a_machine_off_at_the_end_is_cleaned_by_the_reaper_once_it_answers(team_
     ).exists()
     assert reaper.apply().get()["hosts_cleaned"] == 0  # done: not tried again
     assert machines[off.name]["commands"] == told
+
+
+def test_the_teams_key_goes_first_even_when_the_clusters_user_cannot_be_removed(team_a, tom, machines):  # noqa: F811
+    """A process of the cluster's user that will not die (stuck in D state on a GPU) must not keep the team's
+    key on the host: the key goes before the user is tried."""
+    cluster = ready_cluster(team_a, tom)
+    Host.objects.filter(cluster_nodes__cluster=cluster).update(
+        driver="ssh", ssh_user="volt", system={"privilege": "sudo", "user": "volt"}
+    )
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIteam volt-cluster-x"
+    Cluster.objects.filter(pk=cluster.pk).update(node_user="volt999-abcdef12", ssh_public_key=key)
+    for slot, node in enumerate(cluster.nodes.all(), start=5):
+        node.slot = slot
+        node.save(update_fields=["slot"])
+
+    # The machines answer everything, but never say the user is gone.
+    cluster = services.terminate_cluster(Cluster.objects.get(pk=cluster.pk), tom, wait=True)
+
+    assert (
+        "could not remove the cluster's user volt999-abcdef12"
+        in cluster.events.get(to_status="terminated").message
+    )
+    for state in machines.values():
+        told = state["commands"]
+        key_at = next(
+            i for i, c in enumerate(told) if "authorized_keys" in c and "AAAAC3NzaC1lZDI1NTE5AAAAIteam" in c
+        )
+        user_at = next(i for i, c in enumerate(told) if "userdel" in c)
+        assert key_at < user_at and all(c.startswith("sudo -n ") for c in told)
+    assert not cluster.nodes.filter(cleaned_at__isnull=False).exists()  # the reaper tries the user again

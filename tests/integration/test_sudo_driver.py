@@ -53,7 +53,7 @@ def test_a_copy_lands_in_place_as_roots_private_file_and_the_upload_is_gone(sand
     placed = sandbox / "home" / "work" / "token"
     assert placed.read_text() == "secret"
     assert (placed.stat().st_uid, placed.stat().st_mode & 0o777) == (0, 0o600)
-    assert not list((sandbox / "home").glob(".volt-upload-*"))
+    assert list((sandbox / "home" / ".volt-uploads").iterdir()) == []
 
 
 def test_a_copy_that_cannot_be_put_in_place_says_where_and_leaves_no_upload(sandbox, tmp_path):
@@ -62,7 +62,7 @@ def test_a_copy_that_cannot_be_put_in_place_says_where_and_leaves_no_upload(sand
     driver = SudoDriver(LocalDriver(sandbox, "127.0.0.250"))
     with pytest.raises(DriverError, match="could not put missing/folder/token in place on 127.0.0.250"):
         driver.copy_file(source, "missing/folder/token")
-    assert not list((sandbox / "home").glob(".volt-upload-*"))
+    assert list((sandbox / "home" / ".volt-uploads").iterdir()) == []
 
 
 def test_a_login_without_passwordless_sudo_is_told_apart_from_a_failing_command(sandbox):
@@ -140,3 +140,50 @@ def test_the_key_forwards_to_its_heads_dashboard_alone_and_one_line_follows_a_mo
         'restrict,port-forwarding,command="/bin/false",permitopen="10.77.1.12:8365" '
         + cluster.ssh_public_key,
     ]
+
+
+def test_a_storage_folder_the_clusters_user_owns_is_taken_as_it_is_and_anothers_is_refused(
+    sandbox, tmp_path, settings
+):
+    """Root changes only a folder that is root's: the cluster's user could swap its own folder for a link
+    between a check and a chmod (nobody stands in for the cluster's user)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    settings.VOLT_SSH_SHARED_DIR = str(shared)
+    cluster = Cluster(pk=424244, ssh_public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG volt-cluster-424244")
+    driver = SudoDriver(LocalDriver(sandbox, "127.0.0.250"))
+    folder = shared / ray_cluster_id(cluster)
+
+    prepare_host(driver, cluster, run_as="nobody")  # made by root, then handed over
+    assert (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (65534, 0o700)
+    folder.chmod(0o755)  # the user's own business
+    prepare_host(driver, cluster, run_as="nobody")
+    assert folder.stat().st_mode & 0o777 == 0o755  # not touched again
+
+    os.chown(folder, 65533, 65533)
+    with pytest.raises(DriverError, match="another user made it"):
+        prepare_host(driver, cluster, run_as="nobody")
+
+
+def test_racing_key_changes_never_lose_the_logins_own_key(sandbox):
+    """Two clusters' bring-ups and teardowns on one host at once: each rewrites authorized_keys; Volt's own
+    login key (the provider's too) must survive every interleaving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clusters.tenancy import authorized_keys_script
+
+    keys = sandbox / "home" / ".ssh" / "authorized_keys"
+    keys.parent.mkdir(exist_ok=True)
+    keys.write_text("ssh-ed25519 AAAAlogin volt-login\n")
+    clusters = [f"ssh-ed25519 AAAAcluster{n} volt-cluster-{n}" for n in range(4)]
+
+    def churn(n: int) -> None:
+        driver = LocalDriver(sandbox, "127.0.0.250")
+        for _ in range(15):
+            assert driver.run(authorized_keys_script(clusters[n], f"restrict {clusters[n]}")).ok
+            assert driver.run(authorized_keys_script(clusters[n])).ok
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(churn, range(4)))
+    assert keys.read_text() == "ssh-ed25519 AAAAlogin volt-login\n"
