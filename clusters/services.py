@@ -432,8 +432,12 @@ def _clean_returned_hosts(limit: int) -> int:
             .exclude(host__state__in=[HostState.RETIRED, HostState.OFFLINE])
             .select_related("host__provider")
         )
-        problems = provision.teardown(cluster, nodes, final=True)
-        done = {n.host.name for n in nodes} - {p.split(":", 1)[0] for p in problems}
+        problems = provision.teardown(cluster, nodes, final=True)  # stamps cleaned_at where it worked
+        done = set(
+            cluster.nodes.filter(pk__in=[n.pk for n in nodes], cleaned_at__isnull=False).values_list(
+                "host__name", flat=True
+            )
+        )
         cleaned += len(done)
         if done:
             transitions.note(
