@@ -184,7 +184,7 @@ def ensure_ssh_node_users(
 
 
 def _node_user_name(cluster: Cluster) -> str:
-    return cluster.node_user or node_users.user_name(cluster.pk, str(Path(settings.VOLT_DATA_DIR).resolve()))
+    return cluster.node_user or node_users.user_name(cluster.pk, namespace.install_seed())
 
 
 def _record_node_user(cluster: Cluster, name: str) -> None:

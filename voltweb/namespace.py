@@ -47,10 +47,19 @@ def first_slot(data_dir: str | Path) -> int:
 
 
 def current_id() -> str:
-    """The running install's id (from settings.VOLT_DATA_DIR, read at call time: tests change it)."""
+    """The running install's id: VOLT_INSTALL_ID, else derived from settings.VOLT_DATA_DIR (read at call
+    time: tests change them). Workers on other machines have data dirs of their own: a deployment that runs
+    Volt's processes on several machines gives them all one VOLT_INSTALL_ID."""
     from django.conf import settings
 
-    return install_id(settings.VOLT_DATA_DIR)
+    return getattr(settings, "VOLT_INSTALL_ID", "") or install_id(settings.VOLT_DATA_DIR)
+
+
+def install_seed() -> str:
+    """What names this install's Unix users on hosts (clusters/provisioning/node_users.user_name)."""
+    from django.conf import settings
+
+    return getattr(settings, "VOLT_INSTALL_ID", "") or str(Path(settings.VOLT_DATA_DIR).resolve())
 
 
 def channel_prefix(redis_url: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -32,6 +33,14 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 # Where the embedded demo keeps its SQLite file and the `local` driver its host sandboxes.
 VOLT_DATA_DIR = Path(env_str("VOLT_DATA_DIR", str(BASE_DIR / "var")))
+# What names this install on hosts and in Redis (Ray cluster ids, Unix users, process markers, the channel
+# prefix); derived from VOLT_DATA_DIR when unset. Processes of one install on several machines (workers
+# elsewhere, docs/deployment.md) each have a data dir of their own: give them all the same id.
+VOLT_INSTALL_ID = env_str("VOLT_INSTALL_ID", "")
+if VOLT_INSTALL_ID and not re.fullmatch(r"[a-z0-9]{1,12}", VOLT_INSTALL_ID):
+    raise ImproperlyConfigured(
+        f"VOLT_INSTALL_ID must be 1-12 lower-case letters or digits (it names Ray clusters), not {VOLT_INSTALL_ID!r}"
+    )
 
 INSTALLED_APPS = [
     "daphne",
@@ -187,8 +196,8 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 360, minimum=2)
 if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
     raise ImproperlyConfigured("CELERY_TASK_TIME_LIMIT must be larger than CELERY_TASK_SOFT_TIME_LIMIT.")
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    # Longer than the longest task (provisioning: 1560 s hard limit).
-    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=1600),
+    # Longer than the longest task (a host runtime install: 1960 s hard limit; provisioning: 1560 s).
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=2000),
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "monitoring"
@@ -213,7 +222,7 @@ CACHES = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": namespace.channel_prefix(REDIS_URL)},
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": namespace.channel_prefix(VOLT_INSTALL_ID or REDIS_URL)},
     }
 }
 

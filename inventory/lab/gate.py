@@ -12,9 +12,21 @@ own cable (unplugged, its gate answers nothing; powered off, nothing listens). B
 namespace, the gate is among that namespace's processes, so a crashed lab's gate is found there even if
 the state file never recorded it.
 
-Run as `python -m inventory.lab.gate --netns /run/netns/NAME --log FILE LISTEN=TARGET ...` (LISTEN and
-TARGET are ADDRESS:PORT). It prints `ready` (or `error: …`) on stdout once it serves, then logs to FILE.
-Standard library only.
+The same gate, turned round (`--back`), lets control machines (`"role": "control"`) reach the control
+plane's PostgreSQL and Redis without anything in the root namespace targeting a lab address:
+
+    control machine ──TCP──▶ 10.77.0.1:5432 (a dummy interface of the router namespace, where the gate's
+                             back sockets listen; only the `--allow`ed source addresses are served)
+                             └─▶ a socket made in the gate's first namespace (the root one, held open as a
+                                 file) connects to 127.0.0.1:5432 there
+
+Run as `python -m inventory.lab.gate --netns /run/netns/NAME --log FILE LISTEN=TARGET ... [--back
+LISTEN=TARGET --allow ADDRESS ...]` (LISTEN and TARGET are ADDRESS:PORT). It prints `ready` (or `error: …`)
+on stdout once it serves, then logs to FILE. Standard library only.
+
+Inside a control machine the same module runs with `--netns /proc/self/ns/net` (no move): it gives the
+machine the root namespace's view of the management network, every machine's gate address on its own
+loopback, connecting over its own cable.
 """
 
 from __future__ import annotations
@@ -38,10 +50,33 @@ READY_TIMEOUT_S = 15.0
 
 
 def _setns(path: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
     with open(path) as handle:
-        if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns({path})")
+        _setns_fd(handle.fileno(), path)
+
+
+def _setns_fd(fd: int, what: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), f"setns({what})")
+
+
+class _Namespaces:
+    """The namespace the gate started in and the one it joined, held open: a back route's outgoing socket
+    is made in the first (setns there, socket(), setns back; one thread, so nothing else runs between)."""
+
+    def __init__(self, netns: str):
+        self.home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self.joined = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+
+    def join(self) -> None:
+        _setns_fd(self.joined, "the joined namespace")
+
+    def home_socket(self) -> socket.socket:
+        _setns_fd(self.home, "the first namespace")
+        try:
+            return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            _setns_fd(self.joined, "the joined namespace")
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -49,8 +84,8 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _listen(address: tuple[str, int]) -> socket.socket:
-    if not address[0].startswith("127."):
+def _listen(address: tuple[str, int], loopback: bool = True) -> socket.socket:
+    if loopback and not address[0].startswith("127."):
         raise ValueError(f"{address[0]}: gates listen on loopback addresses only")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,13 +106,40 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
 
 
-def _handler(target: tuple[str, int]):
+def _log(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+
+
+async def _connect_from(make_socket, target: tuple[str, int]):
+    sock = make_socket()
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, target)
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
+def _handler(target: tuple[str, int], make_socket=None, allow: frozenset[str] | None = None):
+    """Serve one route: connect to `target` (from a socket `make_socket` gives, default this namespace's);
+    with `allow`, only clients from those addresses."""
+
     async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        if allow is not None:
+            peer = (client_writer.get_extra_info("peername") or ("?",))[0]
+            if peer not in allow:
+                _log(f"{peer} refused: not a control machine")
+                client_writer.close()
+                return
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(*target), CONNECT_TIMEOUT_S)
+            if make_socket is None:
+                opened = asyncio.open_connection(*target)
+            else:
+                opened = _connect_from(make_socket, target)
+            reader, writer = await asyncio.wait_for(opened, CONNECT_TIMEOUT_S)
         except (TimeoutError, OSError) as exc:
-            print(f"{time.strftime('%H:%M:%S')} {target[0]}:{target[1]} unreachable: {exc or 'timeout'}",
-                  flush=True)  # fmt: skip
+            _log(f"{target[0]}:{target[1]} unreachable: {exc or 'timeout'}")
             client_writer.close()
             return
         await asyncio.gather(_pipe(client_reader, writer), _pipe(reader, client_writer))
@@ -87,8 +149,13 @@ def _handler(target: tuple[str, int]):
     return handle
 
 
-async def _serve(routes: list[tuple[socket.socket, tuple[str, int]]]) -> None:
+async def _serve(
+    routes: list[tuple[socket.socket, tuple[str, int]]], back=(), make_socket=None, allow=()
+) -> None:
     servers = [await asyncio.start_server(_handler(target), sock=sock) for sock, target in routes]
+    allowed = frozenset(allow)
+    for sock, target in back:
+        servers.append(await asyncio.start_server(_handler(target, make_socket, allowed), sock=sock))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -102,14 +169,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--netns", required=True, help="the router namespace's file (/run/netns/NAME)")
     parser.add_argument("--log", required=True)
-    parser.add_argument("routes", nargs="+", help="LISTEN_ADDRESS:PORT=TARGET_ADDRESS:PORT")
+    parser.add_argument("routes", nargs="*", help="LISTEN_ADDRESS:PORT=TARGET_ADDRESS:PORT")
+    parser.add_argument("--back", action="append", default=[],
+                        help="LISTEN=TARGET: listen in the joined namespace, connect to a loopback TARGET in the first")  # fmt: skip
+    parser.add_argument("--allow", action="append", default=[], help="a source address back routes serve")
     args = parser.parse_args(argv)
     try:
-        routes = []
+        routes, back = [], []
         for route in args.routes:
             listen, _, target = route.partition("=")
             routes.append((_listen(_address(listen)), _address(target)))
-        _setns(args.netns)  # before any thread exists: every thread the loop starts is born in there
+        spaces = _Namespaces(args.netns)
+        spaces.join()  # before any thread exists: every thread the loop starts is born in there
+        for route in args.back:
+            listen, _, target = route.partition("=")
+            if not _address(target)[0].startswith("127."):
+                raise ValueError(f"{target}: back routes reach loopback addresses only")
+            back.append((_listen(_address(listen), loopback=False), _address(target)))
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", flush=True)
         return 1
@@ -117,15 +193,26 @@ def main(argv: list[str] | None = None) -> int:
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     for fd in (1, 2):
         os.dup2(log, fd)
-    asyncio.run(_serve(routes))
+    asyncio.run(_serve(routes, back, spaces.home_socket, args.allow))
     return 0
 
 
-def start(netns: str, log: Path, routes: dict[str, str]) -> int:
-    """Start a gate for `routes` ({"127.77.1.1:22": "10.77.1.11:22"}); its PID once it serves."""
+def start(
+    netns: str,
+    log: Path,
+    routes: dict[str, str],
+    back: dict[str, str] | None = None,
+    allow: tuple[str, ...] = (),
+) -> int:
+    """Start a gate for `routes` ({"127.77.1.1:22": "10.77.1.11:22"}) and `back` routes served to the
+    `allow`ed addresses ({"10.77.0.1:5432": "127.0.0.1:5432"}); its PID once it serves."""
     repo = Path(__file__).resolve().parents[2]
     argv = [sys.executable, "-m", "inventory.lab.gate", "--netns", netns, "--log", str(log)]
     argv += [f"{listen}={target}" for listen, target in routes.items()]
+    for listen, target in (back or {}).items():
+        argv += ["--back", f"{listen}={target}"]
+    for address in allow:
+        argv += ["--allow", address]
     process = subprocess.Popen(
         argv, cwd=repo, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(repo)},
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from inventory.lab.state import ProcessRef, parent_pid, start_time
 from inventory.lab.topology import Machine, Topology
 
 INVENTORY_DIR = Path(__file__).resolve().parents[1]
+VOLT_DIR = INVENTORY_DIR.parent  # Volt's install, which control machines see at its path
 DISKS = {"opt": "/opt", "home": "/home", "root": "/root", "tmp": "/tmp", "var-tmp": "/var/tmp"}
 SHARED_MOUNT = "/mnt/volt-shared"
 # What a machine's init mounts over: a lab's folder under one of them would vanish from its own view.
@@ -107,7 +109,14 @@ def key_pair() -> tuple[str, str]:
 # --- laying a machine out -----------------------------------------------------------------------
 
 
-def prepare(lab_dir: Path, topology: Topology, machine: Machine, login: LoginUser, python: str) -> str:
+def prepare(
+    lab_dir: Path,
+    topology: Topology,
+    machine: Machine,
+    login: LoginUser,
+    python: str,
+    gate_port: int = SSH_PORT,
+) -> str:
     """Lay out `machine`'s disk, /etc and tools; returns its host public key ("ssh-ed25519 AAAA…")."""
     root = machine_dir(lab_dir, machine.name)
     for sub, mode in (("opt", 0o755), ("home", 0o755), ("root", 0o700), ("tmp", 0o1777), ("var-tmp", 0o1777)):
@@ -118,7 +127,10 @@ def prepare(lab_dir: Path, topology: Topology, machine: Machine, login: LoginUse
     host_key = _write_etc(root / "etc", topology, machine, login)
     _write_home(root / "disk" / "home", login)
     _write_tools(root, machine, python)
-    (root / "init.sh").write_text(_init_script(root, shared_dir(lab_dir), machine))
+    script = _init_script(root, shared_dir(lab_dir), machine)
+    if machine.role == "control":
+        script = _control_init(root, topology, machine, python, gate_port, script)
+    (root / "init.sh").write_text(script)
     return host_key
 
 
@@ -253,6 +265,31 @@ hostname {machine.name}
 echo "machine {machine.name} up: sshd is PID $$"
 exec /usr/sbin/sshd -D -e -f /etc/ssh/sshd_config
 """
+
+
+def _control_init(
+    root: Path, topology: Topology, machine: Machine, python: str, gate_port: int, script: str
+) -> str:
+    """A control machine's init: Volt's install and the Python its venv is made from, read-only at their own
+    paths (stashed first: they may lie under a folder the init mounts over — a test run's clone under /tmp,
+    a pyenv Python under /root), and, in the background before sshd, the management network as the root
+    namespace sees it: every machine's gate address on this machine's loopback, connected over its own
+    cable (inventory/lab/gate.py)."""
+    before, after = [], []
+    for index, path in enumerate(dict.fromkeys([VOLT_DIR, Path(sys.base_prefix).resolve()])):
+        stash = root / f"visible-{index}"
+        stash.mkdir(exist_ok=True)
+        before += [f"mount --bind {path} {stash}", f"mount -o remount,bind,ro {stash}"]
+        after += [f"mkdir -p {path}", f"mount --bind {stash} {path}", f"mount -o remount,bind,ro {path}"]
+    routes = " ".join(f"{m.gate}:{gate_port}={m.address}:{SSH_PORT}" for m in topology.machines)
+    after.append(
+        f"(cd {VOLT_DIR} && PYTHONPATH={VOLT_DIR} exec {python} -m inventory.lab.gate --netns /proc/self/ns/net \\\n"
+        f"    --log /var/tmp/volt-gate.log {routes}) </dev/null >/var/tmp/volt-gate.out 2>&1 &"
+    )
+    proc = "mount -t proc proc /proc\n"
+    script = script.replace(proc, proc + "\n".join(before) + "\n", 1)
+    named = f"hostname {machine.name}\n"
+    return script.replace(named, named + "\n".join(after) + "\n", 1)
 
 
 # --- power --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from inventory.lab.topology import Machine, Provider, Topology
+from inventory.lab.topology import CONTROL_ADDRESS, Machine, Provider, Topology
 
 NETNS_DIR = Path("/run/netns")
 PREFIX = "volt-lab"
@@ -112,6 +112,9 @@ def make_router(lab: int, providers: Sequence[Provider]) -> None:
         _ip(router, "link", "add", bridge(provider), "type", "bridge")
         _ip(router, "addr", "add", f"{provider.gateway}/{prefix}", "dev", bridge(provider))
         _ip(router, "link", "set", bridge(provider), "up")
+    # Where control machines reach the control plane's services (the gate's back routes listen there): an
+    # address of the router's own loopback (no dummy interfaces in every kernel), routed to like any other.
+    _ip(router, "addr", "add", f"{CONTROL_ADDRESS}/32", "dev", "lo")
 
 
 def link_machine(lab: int, machine: Machine, provider: Provider) -> None:

@@ -15,16 +15,18 @@ Every function takes the lab's base folder and number, and `say` for progress li
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from inventory.lab import gate, machines, network, state
 from inventory.lab.state import LabState, MachineState, ProcessRef
-from inventory.lab.topology import Topology, TopologyError, as_json, build, from_json
+from inventory.lab.topology import CONTROL_ADDRESS, Topology, TopologyError, as_json, build, from_json
 
 Say = Callable[[str], None]
 KEY_NAME = "id_ed25519"
@@ -127,8 +129,10 @@ def up(
     gate_port: int = machines.SSH_PORT,
     default_nics: Callable[[str, int, str], list] | None = None,
     say: Say = print,
+    services: dict[str, str] | None = None,
 ) -> LabState:
-    """Bring lab `lab` up from the `declared` topology; a crashed lab of that number is removed first."""
+    """Bring lab `lab` up from the `declared` topology; a crashed lab of that number is removed first.
+    `services` ({"10.77.0.1:5432": "127.0.0.1:5432"}, `control_services`) are what control machines reach."""
     _check_base(Path(base))
     _require()
     try:
@@ -144,14 +148,16 @@ def up(
             say(f"lab {lab}: removing what an earlier lab left behind")
             _teardown(Path(base), lab, say)
         try:
-            return _make(directory, topology, scale, gate_port, say)
+            return _make(directory, topology, scale, gate_port, say, services or {})
         except BaseException:
             say(f"lab {lab} did not come up: removing what was made")
             _teardown(Path(base), lab, say)
             raise
 
 
-def _make(directory: Path, topology: Topology, scale: float, gate_port: int, say: Say) -> LabState:
+def _make(
+    directory: Path, topology: Topology, scale: float, gate_port: int, say: Say, services: dict[str, str]
+) -> LabState:
     lab = topology.lab
     record = LabState(
         lab=lab,
@@ -182,14 +188,24 @@ def _make(directory: Path, topology: Topology, scale: float, gate_port: int, say
     for machine in topology.machines:
         _add_namespace(directory, record, network.machine_namespace(lab, machine.name))
         network.link_machine(lab, machine, topology.provider(machine.provider))
-        host_key = machines.prepare(directory, topology, machine, login, python)
+        host_key = machines.prepare(directory, topology, machine, login, python, gate_port)
         record.machines[machine.name] = MachineState(host_key=host_key)
         state.write(directory, record)
+        what = (
+            "control machine"
+            if machine.role == "control"
+            else f"{machine.spec['gpu_count']} x {machine.spec['gpu_model']}"
+        )
         say(f"  {machine.name}: {machine.address} on {machine.provider}, block {machine.block}, "
-            f"{machine.spec['gpu_count']} x {machine.spec['gpu_model']}, gate {machine.gate}:{gate_port}")  # fmt: skip
+            f"{what}, gate {machine.gate}:{gate_port}")  # fmt: skip
     network.shape(lab, topology, scale)
     say(f"links shaped to the topology's level rates x {scale:g} (tc on the router's end of each veth)")
-    _start_gate(directory, record, topology)
+    _start_gate(directory, record, topology, services)
+    if any(m.role == "control" for m in topology.machines):
+        offered = (
+            ", ".join(f"{k} (→ {v})" for k, v in services.items()) or "nothing (no loopback TCP service)"
+        )
+        say(f"control machines reach the control plane's services at {offered}")
     _boot(directory, record, topology, [m.name for m in topology.machines])
     record.status, record.owner = state.UP, None
     state.write(directory, record)
@@ -204,11 +220,12 @@ def _add_namespace(directory: Path, record: LabState, name: str) -> None:
     network.add_namespace(name)
 
 
-def _start_gate(directory: Path, record: LabState, topology: Topology) -> None:
+def _start_gate(directory: Path, record: LabState, topology: Topology, services: dict[str, str]) -> None:
     routes = {f"{m.gate}:{record.gate_port}": f"{m.address}:{machines.SSH_PORT}" for m in topology.machines}
     netns = str(network.NETNS_DIR / network.router_namespace(topology.lab))
+    control = tuple(m.address for m in topology.machines if m.role == "control")
     try:
-        pid = gate.start(netns, directory / "gate.log", routes)
+        pid = gate.start(netns, directory / "gate.log", routes, services if control else {}, control)
     except RuntimeError as exc:
         hint = " (is another sshd or lab listening there? pick another with --gate-port)"
         raise LabError(f"{exc}{hint if 'in use' in str(exc) else ''}") from None
@@ -324,7 +341,9 @@ def status(base: Path, lab: int) -> LabStatus:
                 provider=machine.provider,
                 site=machine.site,
                 block=machine.block,
-                gpus=f"{machine.spec['gpu_count']} x {machine.spec['gpu_model']}",
+                gpus="control"
+                if machine.role == "control"
+                else f"{machine.spec['gpu_count']} x {machine.spec['gpu_model']}",
                 address=machine.address,
                 gate=machine.gate,
                 gate_port=record.gate_port,
@@ -408,6 +427,82 @@ def command_in(base: Path, lab: int, name: str, argv: list[str], user: str | Non
     if entry.pid1 is None or not entry.pid1.alive():
         raise LabError(f"{name} is off: `lab power-on {name}` first")
     return machines.enter_command(entry.pid1, argv, user)
+
+
+def control_services(database: dict, redis_url: str) -> dict[str, str]:
+    """The gate's back routes for the control plane's PostgreSQL and Redis, where they listen on a loopback
+    address of this box: {"10.77.0.1:<port>": "<loopback>:<port>"}. Others (a Unix socket, another server
+    that control machines would reach by themselves) are left out."""
+    found = []
+    if "postgresql" in database.get("ENGINE", ""):
+        found.append((database.get("HOST") or "", int(database.get("PORT") or 5432)))
+    parsed = urlsplit(redis_url)
+    if parsed.scheme == "redis":
+        found.append((parsed.hostname or "", parsed.port or 6379))
+    services = {}
+    for host, port in found:
+        target = "127.0.0.1" if host == "localhost" else host
+        if target.startswith("127."):
+            services[f"{CONTROL_ADDRESS}:{port}"] = f"{target}:{port}"
+    return services
+
+
+def control_url(url: str) -> str:
+    """`url` (a database or Redis URL naming a loopback host) as a control machine reaches it: through the
+    gate's back route at CONTROL_ADDRESS, same port."""
+    parsed = urlsplit(url)
+    host = parsed.hostname or ""
+    if host != "localhost" and not host.startswith("127."):
+        return url
+    netloc = parsed.netloc.rpartition("@")
+    userinfo = netloc[0] + "@" if netloc[1] else ""
+    port = f":{parsed.port}" if parsed.port else ""
+    return urlunsplit(parsed._replace(netloc=f"{userinfo}{CONTROL_ADDRESS}{port}"))
+
+
+# Where a control machine's Volt keeps what it writes (its own /var/tmp): the install is read-only there.
+CONTROL_DATA_DIR = "/var/tmp/volt"
+_PASSED = ("DJANGO_SETTINGS_MODULE", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "LANG", "TZ")
+
+
+def worker_environment(environ: dict[str, str], install_id: str) -> dict[str, str]:
+    """A control machine's worker environment from this process's: the same settings (every VOLT_*, the
+    secret key, which decrypts the hosts' SSH keys), the same install (VOLT_INSTALL_ID: the Ray cluster ids,
+    users and markers it names must be the control plane's), PostgreSQL and Redis through the gate."""
+    database = environ.get("DATABASE_URL", "")
+    if not database.startswith(("postgres://", "postgresql://")):
+        raise LabError(
+            "a worker on a control machine needs the control plane's PostgreSQL: set DATABASE_URL "
+            "(e.g. postgres://postgres@127.0.0.1:5432/volt) for Volt and for `lab worker`"
+        )
+    if not environ.get("REDIS_URL", "").startswith("redis://"):
+        raise LabError("a worker on a control machine needs REDIS_URL (e.g. redis://127.0.0.1:6379/1)")
+    env = {k: v for k, v in environ.items() if k.startswith("VOLT_") or k in _PASSED}
+    env.update(
+        PATH=_SYSTEM_PATH,
+        HOME="/root",
+        DATABASE_URL=control_url(database),
+        REDIS_URL=control_url(environ["REDIS_URL"]),
+        VOLT_DATA_DIR=CONTROL_DATA_DIR,
+        VOLT_INSTALL_ID=install_id,
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    env.pop("VOLT_LAB_DIR", None)
+    return env
+
+
+def worker_command(
+    base: Path, lab: int, name: str, environment: dict[str, str], celery_args: list[str]
+) -> list[str]:
+    """The command line that runs a Volt Celery worker on control machine `name`, in all its namespaces (a
+    power-off ends it), with `environment` alone (env -i): Volt's install at its own path, its own Python."""
+    _record, _topology, machine, _entry = _machine(base, lab, name)
+    if machine.role != "control":
+        raise LabError(f'{name} is not a control machine: give it "role": "control" in the topology')
+    celery = str(machines.VOLT_DIR / ".venv" / "bin" / "celery")
+    argv = ["env", "-i", *(f"{k}={v}" for k, v in sorted(environment.items()))]
+    argv += [celery, "-A", "voltweb", "worker", *celery_args]
+    return command_in(base, lab, name, ["sh", "-c", f"cd {machines.VOLT_DIR} && exec {shlex.join(argv)}"])
 
 
 def run_in(

@@ -9,7 +9,10 @@ A topology is a JSON object (or the default built by `default_topology`):
                    "gpu_model": "H100", "gpu_count": 8}]}
 
 A machine may also give `nics` (the simulator's spec: inventory/drivers/simulator.py); without, the lab
-gives it its fabric kind's default ports, as local hosts get. Machine names are host names: lower-case
+gives it its fabric kind's default ports, as local hosts get. `"role": "control"` makes it a machine for
+Volt's own processes rather than a provider's host (`lab worker`): it sees Volt's install at its path
+(read-only), reaches the control plane's PostgreSQL and Redis at CONTROL_ADDRESS, and every machine's sshd
+at its gate address, as the root namespace does. Machine names are host names: lower-case
 letters, digits and dashes.
 
 Addresses (all inside the lab's own namespaces): provider p (in order of first appearance, from 1) has the
@@ -31,6 +34,10 @@ from pathlib import Path
 from inventory.fabric_emulation import LEVELS, LinkEnd, common_level, pair_rate_bytes
 
 LAB_NETWORK = ipaddress.ip_network("10.77.0.0/16")
+# The control plane's services (PostgreSQL, Redis) as control machines reach them: an address of the router
+# namespace alone (a dummy interface), outside every provider's network.
+CONTROL_ADDRESS = "10.77.0.1"
+ROLES = ("gpu", "control")
 GATE_NETWORK = ipaddress.ip_network("127.77.0.0/16")
 FIRST_MACHINE_OCTET = 10
 MAX_PROVIDERS = 250
@@ -90,6 +97,7 @@ class Machine:
     fabric_gbps: float
     oversubscription: float
     backbone_gbps: float
+    role: str = "gpu"  # or "control": runs Volt's own processes (see the module's docstring)
 
     @property
     def link_end(self) -> LinkEnd:
@@ -235,6 +243,9 @@ def build(lab: int, declared: dict, default_nics: Callable[[str, int, str], list
                 f"fabric {fabric_name}: kind {kind!r} is not one of {', '.join(FABRIC_KINDS)}"
             )
         network = ipaddress.ip_network(providers[provider].network)
+        role = entry.get("role", "gpu")
+        if role not in ROLES:
+            raise TopologyError(f"machine {name}: role {role!r} is not one of {', '.join(ROLES)}")
         machines.append(
             Machine(
                 name=name,
@@ -251,6 +262,7 @@ def build(lab: int, declared: dict, default_nics: Callable[[str, int, str], list
                 fabric_gbps=_positive(fabric, "per_host_gbytes_per_s", fabric_name),
                 oversubscription=_positive(fabric, "oversubscription", fabric_name, 1.0),
                 backbone_gbps=_positive(site, "backbone_gbytes_per_s", str(fabric["site"]), 12.5),
+                role=role,
             )
         )
     names = [m.name for m in machines]

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from inventory.lab.topology import TopologyError, build, default_topology
+from inventory.lab.topology import TopologyError, as_json, build, default_topology, from_json
 
 
 def test_default_lab_has_two_providers_with_blocks_of_two():
@@ -68,6 +68,7 @@ def test_each_machine_gets_its_declared_gpus_and_its_fabrics_nics():
         (lambda t: t["machines"][0].update(gpu_count=0), "declare gpu_model"),
         (lambda t: t["fabrics"]["iad1-ndr"].update(kind="token-ring"), "kind 'token-ring' is not one of"),
         (lambda t: t["machines"].clear(), "declares no machines"),
+        (lambda t: t["machines"][0].update(role="router"), "role 'router' is not one of gpu, control"),
     ],
 )
 def test_a_topology_the_lab_cannot_build_is_refused_saying_what_to_change(change, message):
@@ -76,3 +77,13 @@ def test_a_topology_the_lab_cannot_build_is_refused_saying_what_to_change(change
 
     with pytest.raises(TopologyError, match=message):
         build(1, declared)
+
+
+def test_a_machine_is_a_providers_host_unless_declared_a_control_machine():
+    declared = default_topology(2, providers=1)
+    declared["machines"][1]["role"] = "control"
+
+    lab = build(3, declared)
+
+    assert [m.role for m in lab.machines] == ["gpu", "control"]
+    assert from_json(as_json(lab)).machines[1].role == "control"

@@ -4,6 +4,7 @@ lab up [--machines 8] [--providers 2] [--topology FILE] [--scale X] [--gate-port
 lab down | lab status
 lab power-off NAME | lab power-on NAME | lab unplug NAME | lab plug NAME
 lab exec NAME [--user volt] -- COMMAND...
+lab worker NAME [-- CELERY_ARGS...]     (a Volt Celery worker on a control machine, until Ctrl-C)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from inventory import services
 from inventory.lab import operations, topology
 from inventory.lab.machines import SHARED_MOUNT
+from voltweb import namespace
 
 
 def _default_nics(model: str, count: int, kind: str) -> list:
@@ -57,6 +59,11 @@ class Command(BaseCommand):
         run.add_argument("machine")
         run.add_argument("--user", default=None, help="As this user (a login shell); root by default.")
         run.add_argument("argv", nargs="+", help="The command (put it after --).")
+        worker = actions.add_parser(
+            "worker", help="Run a Volt Celery worker on a control machine, through the lab's network."
+        )
+        worker.add_argument("machine")
+        worker.add_argument("celery_args", nargs="*", help="More `celery worker` options (after --).")
         for sub in actions.choices.values():
             sub.add_argument(
                 "--lab", type=int, default=int(os.environ.get("VOLT_LAB", "1")), help="Lab number (1)."
@@ -78,6 +85,8 @@ class Command(BaseCommand):
                 operations.set_plugged(base, lab, options["machine"], action == "plug", say=self._say)
             elif action == "exec":
                 self._exec(base, lab, options)
+            elif action == "worker":
+                self._worker(base, lab, options)
         except (operations.LabError, topology.TopologyError) as exc:
             raise CommandError(str(exc)) from None
 
@@ -93,9 +102,11 @@ class Command(BaseCommand):
         scale = options["scale"] if options["scale"] is not None else settings.VOLT_LOCAL_FABRIC_SCALE
         if not 0 < scale <= 1:
             raise CommandError(f"--scale must be above 0 and at most 1, not {scale}")
+        services = operations.control_services(settings.DATABASES["default"], settings.REDIS_URL)
         operations.up(
-            base, lab, declared, scale, options["gate_port"], default_nics=_default_nics, say=self._say
-        )
+            base, lab, declared, scale, options["gate_port"], default_nics=_default_nics, say=self._say,
+            services=services,
+        )  # fmt: skip
 
     def _status(self, base, lab) -> None:
         try:
@@ -118,6 +129,19 @@ class Command(BaseCommand):
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             self._say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+    def _worker(self, base, lab, options) -> None:
+        environment = operations.worker_environment(dict(os.environ), namespace.current_id())
+        extra = options["celery_args"][1:] if options["celery_args"][:1] == ["--"] else options["celery_args"]
+        queues = ",".join(settings.VOLT_QUEUES)
+        celery_args = ["-Q", queues, "-n", f"volt@{options['machine']}", "--prefetch-multiplier", "1", *extra]
+        command = operations.worker_command(base, lab, options["machine"], environment, celery_args)
+        self._say(
+            f"a Volt worker on {options['machine']} (queues {queues}); Ctrl-C or `lab power-off` ends it"
+        )
+        code = subprocess.run(command).returncode
+        if code:
+            raise SystemExit(code)
 
     def _exec(self, base, lab, options) -> None:
         argv = options["argv"][1:] if options["argv"][:1] == ["--"] else options["argv"]
