@@ -267,16 +267,22 @@ exec /usr/sbin/sshd -D -e -f /etc/ssh/sshd_config
 """
 
 
+def _under_own_disk(path: Path) -> bool:
+    """Whether a machine would not see the box's `path`: it lies under one of the folders it has its own of."""
+    return any(path == Path(target) or path.is_relative_to(target) for target in DISKS.values())
+
+
 def _control_init(
     root: Path, topology: Topology, machine: Machine, python: str, gate_port: int, script: str
 ) -> str:
     """A control machine's init: Volt's install and the Python its venv is made from, read-only at their own
-    paths (stashed first: they may lie under a folder the init mounts over — a test run's clone under /tmp,
-    a pyenv Python under /root), and, in the background before sshd, the management network as the root
+    paths where they lie under a folder the machine has its own of (a test run's clone under /tmp, a pyenv
+    Python under /root: stashed before those are mounted over); elsewhere the machine sees them as is. And, in the background before sshd, the management network as the root
     namespace sees it: every machine's gate address on this machine's loopback, connected over its own
     cable (inventory/lab/gate.py)."""
     before, after = [], []
-    for index, path in enumerate(dict.fromkeys([VOLT_DIR, Path(sys.base_prefix).resolve()])):
+    paths = [path for path in (VOLT_DIR, Path(sys.base_prefix).resolve()) if _under_own_disk(path)]
+    for index, path in enumerate(dict.fromkeys(paths)):
         stash = root / f"visible-{index}"
         stash.mkdir(exist_ok=True)
         before += [f"mount --bind {path} {stash}", f"mount -o remount,bind,ro {stash}"]
