@@ -333,6 +333,19 @@ VOLT_LAB_DIR = Path(env_str("VOLT_LAB_DIR", "/var/lib/volt-lab"))
 # host) is <this>/<cluster's Ray id>, linked from its workdir on every node. "" (default): each host keeps
 # its own folder, which dies with the host.
 VOLT_SSH_SHARED_DIR = env_str("VOLT_SSH_SHARED_DIR", "")
+# The checkpoint store (issue 27; voltweb/object_store.py): an S3-compatible endpoint with an AWS-style IAM
+# API, the bucket Volt keeps checkpoints in, and an identity with admin rights there. Unset: no store (the
+# demo and the test run start an embedded SeaweedFS, voltweb/embedded_store.py). Each cluster gets an
+# identity of its own, confined by the store to the cluster's prefix.
+VOLT_STORE_ENDPOINT = env_str("VOLT_STORE_ENDPOINT", "")
+VOLT_STORE_REGION = env_str("VOLT_STORE_REGION", "us-east-1")
+VOLT_STORE_BUCKET = env_str("VOLT_STORE_BUCKET", "volt-checkpoints")
+VOLT_STORE_ACCESS_KEY = env_str("VOLT_STORE_ACCESS_KEY", "")
+VOLT_STORE_SECRET_KEY = env_str("VOLT_STORE_SECRET_KEY", "")
+if VOLT_STORE_ENDPOINT and not (VOLT_STORE_ACCESS_KEY and VOLT_STORE_SECRET_KEY):
+    raise ImproperlyConfigured(
+        "VOLT_STORE_ENDPOINT is set: set VOLT_STORE_ACCESS_KEY and VOLT_STORE_SECRET_KEY too."
+    )
 # On SSH hosts where Volt may use sudo, cluster N's Ray runs as a Unix user of its own with uid (and gid)
 # <this> + N, the same on every host: they share the storage folder above, and its files are that uid's.
 VOLT_SSH_NODE_UID_BASE = env_int(
