@@ -15,7 +15,7 @@ stays.
     beat ─▶ clusters' reaper ends the drills of clusters that ended without it (a worker died)
 
 A failed health check while a drill's fault is on the host is the drill's, not the provider's: it does
-not lower the host's reliability (inventory.services.record_health).
+not lower the host's reliability (inventory.health.record_health).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from inventory import drill_records, local_fabric, services
+from inventory import drill_records, health, local_fabric, services
 from inventory.choices import HostEventKind, HostState
 from inventory.discovery.probe import DiscoveryFailed
 from inventory.models import Host, HostDrill, HostEvent
@@ -104,7 +104,7 @@ def _restore(host: Host, cluster_pk: int, why: str) -> None:
     drill = drill_records.drill_keeping_out(host)
     if drill is None or drill.cluster_pk != cluster_pk:
         return
-    result = services.probe_host(host)
+    result = health.probe_host(host)
     if isinstance(result, DiscoveryFailed):
         HostEvent.objects.create(
             host=host,
@@ -115,4 +115,4 @@ def _restore(host: Host, cluster_pk: int, why: str) -> None:
         return
     if host.state == HostState.CORDONED:
         services.act_on_host(host, "uncordon", reason=f"cordon after a fault drill lifted: {why}")
-    services.record_health(Host.objects.select_related("provider").get(pk=host.pk), result)
+    health.record_health(Host.objects.select_related("provider").get(pk=host.pk), result)

@@ -5,35 +5,44 @@ Views, API viewsets and tasks call these functions; nothing else writes inventor
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import Count, F, Max, Min, Q, QuerySet, Sum
+from django.db.models import F, QuerySet
 from django.utils import timezone
-from django.utils.text import slugify
 from django.views.decorators.debug import sensitive_variables
 
-from inventory import host_runtime, onboarding, transitions, validation
+from inventory import onboarding, transitions, validation
+from inventory.access import (  # noqa: F401 - the app's face: who may see and change what
+    PUBLIC_EVENT_FIELDS,
+    can_manage_provider,
+    host_event_for,
+    is_researcher,
+    managed_blocks,
+    managed_hosts,
+    managed_provider_ids,
+    managed_providers,
+    offerable_hosts,
+    runtime_ready_q,
+    visible_gpus,
+    visible_hosts,
+    visible_providers,
+)
 from inventory.capacity import bump_capacity_version, capacity_version  # noqa: F401 - the app's face
 from inventory.choices import (
-    INTERCONNECT_FAMILIES,
     DriverKind,
     FabricKind,
     GpuHealth,
     HostEventKind,
     HostState,
     OnboardingError,
-    ProviderStatus,
 )
 from inventory.discovery.network import port_counts
 from inventory.discovery.probe import Discovery, DiscoveryFailed, discover
@@ -50,7 +59,6 @@ from inventory.drivers.base import HostDriver
 from inventory.drivers.local import LocalDriver, ThisMachine, create_sandbox
 from inventory.gpu_catalog import (
     BY_MODEL,
-    matching_models,
     model_matches,  # noqa: F401 - the app's face: one matching rule (quotas)
 )
 from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated fabric of local hosts
@@ -66,188 +74,36 @@ from inventory.local_fabric import (  # noqa: F401 - re-exported: the emulated f
 )
 from inventory.local_fabric import preload as _local_preload
 from inventory.local_fabric import remove_all as remove_local_fabric  # noqa: F401 - re-exported
-from inventory.local_fabric import sync as sync_local_fabric
+from inventory.local_fabric import sync as sync_local_fabric  # noqa: F401 - re-exported
 from inventory.local_fabric import sync_after_commit as _sync_fabric_after_commit
 from inventory.models import (
     GPU,
     Block,
-    Fabric,
     Host,
     HostDrill,
     HostEvent,
     Provider,
-    ProviderMembership,
-    Site,
 )
-from inventory.offers import MIXED_MODELS, merge_offers, mixed_model_offers, offer_row
+from inventory.offers import (  # noqa: F401 - the app's face: the offers
+    OFFERS_CACHE_S,
+    cached_offers,
+    interconnect_kinds,
+    offered_models_matching,
+    offers,
+)
+from inventory.providers import (  # noqa: F401 - the app's face: providers and their fabrics
+    add_provider_admin,
+    create_fabric,
+    get_or_create_site,
+    register_provider,
+    review_provider,
+)
 from voltweb import crypto
 from voltweb.celery import app
-from voltweb.services import is_platform_admin, is_team_admin
+from voltweb.services import is_team_admin
 from voltweb.taskutils import enqueue_on_commit
 
 logger = logging.getLogger(__name__)
-
-
-# --- who may see and change what -------------------------------------------------------------------
-
-
-def managed_provider_ids(user: AbstractBaseUser) -> set[int]:
-    if not user.is_authenticated:
-        return set()
-    return set(ProviderMembership.objects.filter(user=user).values_list("provider_id", flat=True))
-
-
-def managed_providers(user: AbstractBaseUser) -> QuerySet[Provider]:
-    """Providers `user` acts for: their own; platform admins: all."""
-    if is_platform_admin(user):
-        return Provider.objects.all()
-    return Provider.objects.filter(pk__in=managed_provider_ids(user))
-
-
-def managed_blocks(user: AbstractBaseUser) -> QuerySet[Block]:
-    """Blocks of the fabrics of the providers `user` acts for (where they may add hosts)."""
-    return Block.objects.filter(fabric__provider__in=managed_providers(user)).select_related("fabric__site")
-
-
-def can_manage_provider(user: AbstractBaseUser, provider: Provider) -> bool:
-    return is_platform_admin(user) or provider.pk in managed_provider_ids(user)
-
-
-def is_researcher(user: AbstractBaseUser) -> bool:
-    return user.is_authenticated and user.memberships.exists()
-
-
-def visible_providers(user: AbstractBaseUser) -> QuerySet[Provider]:
-    """Platform admins see all; provider admins their own; researchers every approved provider."""
-    if is_platform_admin(user):
-        return Provider.objects.all()
-    mine = Q(pk__in=managed_provider_ids(user))
-    if is_researcher(user):
-        mine |= Q(status=ProviderStatus.APPROVED)
-    return Provider.objects.filter(mine)
-
-
-def managed_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
-    """Hosts of the providers `user` acts for (platform admins: all): what a provider admin looks after."""
-    return Host.objects.filter(provider__in=managed_providers(user))
-
-
-def visible_hosts(user: AbstractBaseUser) -> QuerySet[Host]:
-    """Provider admins see their own hosts in every state; researchers see what they could get, and the
-    hosts cordoned while a fault drill they ran lasts (to see why, and to uncordon: may_act_on_host)."""
-    if is_platform_admin(user):
-        return Host.objects.all()
-    mine = Q(provider_id__in=managed_provider_ids(user))
-    if is_researcher(user):
-        mine |= Q(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
-        drilled = HostDrill.objects.filter(actor=user, ended_at__isnull=True).values("host_id")
-        mine |= Q(state=HostState.CORDONED, pk__in=drilled)
-    return Host.objects.filter(mine)
-
-
-def visible_gpus(user: AbstractBaseUser) -> QuerySet[GPU]:
-    """GPUs of the hosts `visible_hosts` gives, filtered through the GPU's own join.
-
-    (A `host__in=<subquery>` form made PostgreSQL probe the subquery per GPU: 2.5x slower at 100k hosts.)
-    """
-    if is_platform_admin(user):
-        return GPU.objects.all()
-    mine = Q(host__provider_id__in=managed_provider_ids(user))
-    if is_researcher(user):
-        mine |= Q(host__state=HostState.AVAILABLE, host__provider__status=ProviderStatus.APPROVED)
-    return GPU.objects.filter(mine)
-
-
-#: What a host event may tell someone who sees the host but does not manage it (HostSerializer's view):
-#: the kind and the new state, never the provider's reasons, errors or the host's address.
-PUBLIC_EVENT_FIELDS = {"state": ("kind", "state")}
-
-
-def host_event_for(user: AbstractBaseUser, host_id: int, event: dict) -> tuple[bool, dict | None]:
-    """(may the user still see the host, the event as the user may see it or None to send nothing).
-
-    The websocket asks this for each event and recipient, so it filters exactly as the REST API does.
-    """
-    host = visible_hosts(user).filter(pk=host_id).select_related("provider").first()
-    if host is None:
-        return False, None
-    if can_manage_provider(user, host.provider):
-        return True, event
-    fields = PUBLIC_EVENT_FIELDS.get(event.get("kind"))
-    return True, ({name: event[name] for name in fields if name in event} if fields else None)
-
-
-def offerable_hosts() -> QuerySet[Host]:
-    """Hosts that placement may use: available, from an approved provider, with Volt's runtime ready."""
-    return Host.objects.filter(
-        runtime_ready_q(), state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED
-    )
-
-
-def runtime_ready_q() -> Q:
-    """Local hosts (the local runtime of this machine), and SSH hosts whose recorded runtime is a ready
-    one of Volt's current pins (inventory/runtimes.py installs and records it)."""
-    return ~Q(driver=DriverKind.SSH) | Q(runtime__key=host_runtime.key(), runtime__ready=True)
-
-
-# --- providers ---------------------------------------------------------------------------------------
-
-
-@transaction.atomic
-def register_provider(user: AbstractBaseUser, name: str, contact_email: str = "") -> Provider:
-    """A provider admin registers an organisation; it waits for a platform admin's approval."""
-    slug = slugify(name)
-    if not slug:
-        raise ValidationError({"name": "Use letters or digits in the name."})
-    if Provider.objects.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
-        raise ValidationError({"name": f"A provider named {name!r} already exists."})
-    provider = Provider.objects.create(name=name, slug=slug, contact_email=contact_email)
-    ProviderMembership.objects.create(provider=provider, user=user)
-    return provider
-
-
-def review_provider(provider: Provider, approve: bool) -> Provider:
-    target = ProviderStatus.APPROVED if approve else ProviderStatus.SUSPENDED
-    return transitions.transition_provider(provider, target, extra={"reviewed_at": timezone.now()})
-
-
-def add_provider_admin(provider: Provider, user: AbstractBaseUser) -> None:
-    ProviderMembership.objects.get_or_create(provider=provider, user=user)
-
-
-# --- topology ----------------------------------------------------------------------------------------
-
-
-def get_or_create_site(name: str, region: str, backbone_gbytes_per_s: float = 12.5) -> Site:
-    site, _ = Site.objects.get_or_create(
-        name=name, defaults={"region": region, "backbone_gbytes_per_s": backbone_gbytes_per_s}
-    )
-    return site
-
-
-def create_fabric(
-    provider: Provider,
-    site: Site,
-    name: str,
-    kind: str,
-    per_host_gbytes_per_s: float | None = None,
-    oversubscription: float = 1.0,
-    blocks: list[str] | None = None,
-) -> Fabric:
-    with transaction.atomic():
-        fabric, _ = Fabric.objects.get_or_create(
-            provider=provider,
-            site=site,
-            name=name,
-            defaults={
-                "kind": kind,
-                "per_host_gbytes_per_s": per_host_gbytes_per_s or 0,
-                "oversubscription": oversubscription,
-            },
-        )
-        for block_name in blocks or []:
-            Block.objects.get_or_create(fabric=fabric, name=block_name)
-    return fabric
 
 
 # --- hosts: adding and onboarding --------------------------------------------------------------------
@@ -686,142 +542,6 @@ def reap_stuck_onboarding(older_than_s: int | None = None) -> int:
     return reaped
 
 
-# --- offers ------------------------------------------------------------------------------------------
-
-
-def interconnect_kinds(value: str) -> set[str]:
-    """'infiniband' -> {ib_ndr, ib_hdr}; a single kind -> itself."""
-    return set(INTERCONNECT_FAMILIES.get(value, {value}))
-
-
-def offers(hosts: QuerySet[Host]) -> list[dict]:
-    """Free capacity aggregated by precise GPU model x region x fabric kind, cheapest first.
-
-    Each row shows the model's memory. A host with two GPU models ("A100-80GB + L40S") is counted
-    once under each model, from its GPU rows.
-    """
-    rows = (
-        hosts.filter(state=HostState.AVAILABLE, provider__status=ProviderStatus.APPROVED)
-        .values("gpu_model", "site__region", "fabric__kind")
-        .annotate(
-            free_sum=Sum("free_gpus"),
-            total_sum=Sum("gpu_count"),
-            host_count=Count("id"),
-            hosts_with_free=Count("id", filter=Q(free_gpus__gt=0)),
-            max_free_per_host=Max("free_gpus"),
-            min_price=Min("price_per_gpu_hour"),
-            max_price=Max("price_per_gpu_hour"),
-            memory_mib=Max("gpu_memory_mib"),
-        )
-        .order_by("min_price", "gpu_model", "site__region", "fabric__kind")
-    )
-    result = [offer_row(r) for r in rows if MIXED_MODELS not in r["gpu_model"]]
-    mixed = [r["gpu_model"] for r in rows if MIXED_MODELS in r["gpu_model"]]
-    if mixed:  # rare: split those hosts per model from their GPU rows, then merge
-        result = merge_offers(result + mixed_model_offers(hosts.filter(gpu_model__in=mixed)))
-    return result
-
-
-def offered_models_matching(requested: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """The precise models of existing hosts that each requested name matches (gpu_catalog.model_matches).
-
-    "A100" -> ("A100-40GB", "A100-80GB") when both exist; a name nothing matches is kept as written.
-    Placement calls this where a request's models meet the inventory. Cached per capacity version.
-    """
-    key = f"inventory:offered-models:{capacity_version()}"
-    offered = cache.get(key)
-    if offered is None:
-        live = Host.objects.exclude(state__in=[HostState.RETIRED, HostState.FAILED]).exclude(gpu_model="")
-        offered = sorted(set(live.values_list("gpu_model", flat=True).distinct()))
-        cache.set(key, offered, 300)
-    return matching_models(requested, offered)
-
-
-# --- health ------------------------------------------------------------------------------------------
-
-_RELIABILITY_WEIGHT = 0.1  # exponential moving average over sweeps
-
-
-def probe_host(host: Host) -> Discovery | DiscoveryFailed:
-    """Run discovery on a host without touching the database (safe in a thread pool)."""
-    try:
-        with driver_for(host) as driver:
-            return discover(driver, settings.VOLT_DRIVER_TIMEOUT_S, settings.VOLT_GPU_MAX_TEMP_C)
-    except DiscoveryFailed as failure:
-        return failure
-    except ValueError as exc:
-        return DiscoveryFailed("driver_error", str(exc))
-
-
-def record_health(host: Host, result: Discovery | DiscoveryFailed) -> str:
-    """Store one health check's outcome. Returns "ok", "offline", "cordoned" or "unchanged"."""
-    if isinstance(result, DiscoveryFailed):
-        return _record_unhealthy(host, result)
-    with transaction.atomic():
-        changes = onboarding.apply_health(host, result)
-        for change in changes:
-            HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=change)
-        if changes:  # a GPU left or rejoined free capacity; the host stays in service while one is healthy
-            Host.objects.filter(pk=host.pk).update(nvlink_domain_size=onboarding.healthy_domain_size(host))
-            refresh_free_capacity([host.pk])
-            capacity_changed()
-        reliability = min(1.0, host.reliability * (1 - _RELIABILITY_WEIGHT) + _RELIABILITY_WEIGHT)
-        Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now(), reliability=reliability)
-        if host.state == HostState.OFFLINE:
-            transitions.transition_host(host, HostState.AVAILABLE, reason="reachable and healthy again")
-    return "ok"
-
-
-def _record_unhealthy(host: Host, failure: DiscoveryFailed) -> str:
-    """A failed check lowers the host's reliability, unless a fault drill's fault is on the host: the
-    failure is the drill's, not the provider's (and what it does to the host's state ends with the
-    drill's cluster)."""
-    drill = held_drill_fault(host)
-    message = failure.message
-    if drill is not None:
-        message += f" (fault drill {drill.drill} by {drill.actor_name} on cluster {drill.cluster_pk})"
-    with transaction.atomic():
-        if drill is None:
-            Host.objects.filter(pk=host.pk).update(reliability=host.reliability * (1 - _RELIABILITY_WEIGHT))
-        HostEvent.objects.create(host=host, kind=HostEventKind.HEALTH, message=message, drill=drill)
-        unreachable = failure.code in {"unreachable", "timeout", "auth_refused", "host_key_mismatch"}
-        target = HostState.OFFLINE if unreachable else HostState.CORDONED
-        if host.state in (HostState.AVAILABLE, HostState.DRAINING) or (
-            host.state == HostState.OFFLINE and target == HostState.CORDONED
-        ):
-            transitions.transition_host(
-                host,
-                target,
-                reason=message,
-                extra={"error_code": failure.code, "error_message": failure.message},
-                drill=drill,
-            )
-            return target
-    return "unchanged"
-
-
-def health_sweep() -> dict:
-    """Check every host that is (or could come back) in service; returns a count per outcome.
-
-    Hosts are probed in parallel; results are written from this thread, one host at a time.
-    """
-    live = [HostState.AVAILABLE, HostState.DRAINING, HostState.OFFLINE]
-    hosts = list(Host.objects.filter(state__in=live).select_related("provider"))  # threads must not query
-    outcomes: dict[str, int] = {}
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(probe_host, hosts))
-    for host, result in zip(hosts, results, strict=True):
-        try:
-            outcome = record_health(host, result)
-        except Exception:  # noqa: BLE001 - one bad host must not stop the sweep
-            logger.exception("recording the health of host %s failed", host.pk)
-            outcome = "error"
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    if any(host.driver == DriverKind.LOCAL for host in hosts):
-        sync_local_fabric()  # fault files written by hand take effect here
-    return outcomes
-
-
 # A local host's NICs by fabric kind: (count, the fields of each), so that its ports give the kind's
 # default per-host figure (choices.DEFAULT_HOST_BANDWIDTH_GBYTES: 8 x 400 Gb/s = 400 GB/s on NDR, one
 # 100 GbE port = 12.5 GB/s) and onboarding confirms what the fabric declares. An Ethernet NIC is RoCE unless
@@ -845,28 +565,6 @@ def default_local_spec(gpu_model: str, gpu_count: int, fabric_kind: str, nvlink:
     if nvlink is not None:
         spec["nvlink"] = nvlink
     return spec
-
-
-OFFERS_CACHE_S = 5
-
-
-def cached_offers(hosts: QuerySet[Host], user: AbstractBaseUser, query: str) -> list[dict]:
-    """`offers(hosts)`, cached for a few seconds per caller view and query, dropped on any capacity change.
-
-    Aggregating ~100k hosts costs ~100 ms; the console and CI poll offers far more often than capacity
-    changes. The key holds the capacity version, so a change is visible at once, not after the TTL.
-    """
-    version = capacity_version()
-    view = (
-        "all" if is_platform_admin(user) else "researcher" if is_researcher(user) else "provider",
-        tuple(sorted(managed_provider_ids(user))),
-    )
-    key = "inventory:offers:" + hashlib.sha256(repr((version, view, query)).encode()).hexdigest()
-    rows = cache.get(key)
-    if rows is None:
-        rows = offers(hosts)
-        cache.set(key, rows, OFFERS_CACHE_S)
-    return rows
 
 
 def refresh_free_capacity(host_ids: list[int]) -> None:

@@ -1,6 +1,6 @@
 """Thin Celery tasks for the inventory: load by id, call a service."""
 
-from inventory import runtimes, services
+from inventory import health, runtimes, services
 from voltweb.taskutils import volt_task
 
 
@@ -19,7 +19,7 @@ def reap_stuck_onboarding() -> int:
 @volt_task("monitoring", soft_time_limit=100, time_limit=120)
 def health_sweep() -> dict:
     """Check every schedulable host's GPUs and reachability; cordon or mark offline what fails."""
-    return services.health_sweep()
+    return health.health_sweep()
 
 
 @volt_task("provisioning", soft_time_limit=1900, time_limit=1960)

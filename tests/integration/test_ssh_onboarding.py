@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from inventory import services
+from inventory import health, services
 from inventory.choices import DriverKind, HostEventKind, HostState
 from inventory.drivers.local import create_sandbox, set_fault
 from inventory.models import GPU
@@ -49,7 +49,7 @@ def test_ssh_host_is_onboarded_and_its_host_key_pinned(northwind, northwind_ib, 
     assert host.ssh_host_key == server.host_public_key  # trust on first use, then pinned
     assert "OPENSSH PRIVATE KEY" not in host.ssh_private_key_encrypted  # encrypted at rest
 
-    assert services.health_sweep() == {"ok": 1}  # the pinned key keeps working
+    assert health.health_sweep() == {"ok": 1}  # the pinned key keeps working
 
 
 def test_ssh_host_with_refused_key_fails_with_auth_error(northwind, northwind_ib, gpu_sshd):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from inventory import services
+from inventory import health, services
 from inventory.choices import HostEventKind, HostState
 from inventory.drivers.local import create_sandbox, set_fault
 from inventory.models import GPU, Host
@@ -251,7 +251,7 @@ def test_health_sweep_sets_a_bad_gpu_aside_cordons_a_host_with_none_left_and_mar
     set_fault(services.sandbox_path(dead), "ecc_uncorrectable", "")
     set_fault(services.sandbox_path(gone), "unreachable")
 
-    outcome = services.health_sweep()
+    outcome = health.health_sweep()
 
     states = dict(Host.objects.values_list("name", "state"))
     assert states == {"sick": "available", "dead": "cordoned", "gone": "offline", "fine": "available"}
@@ -264,7 +264,7 @@ def test_health_sweep_sets_a_bad_gpu_aside_cordons_a_host_with_none_left_and_mar
     assert fine.last_heartbeat_at is not None
 
     services.sandbox_path(sick).joinpath("faults", "ecc_uncorrectable").unlink()
-    services.health_sweep()
+    health.health_sweep()
     sick.refresh_from_db()
     assert sick.free_gpus == 8 and sick.gpus.get(index=4).health == "healthy"
 
@@ -273,7 +273,7 @@ def test_health_sweep_marks_a_gpu_that_falls_off_the_bus_lost(northwind, northwi
     host = add_local_host(northwind, northwind_ib, "falls")
     set_fault(services.sandbox_path(host), "gpu_lost", "6")
 
-    assert services.health_sweep() == {"ok": 1}
+    assert health.health_sweep() == {"ok": 1}
 
     host.refresh_from_db()
     gpu = host.gpus.get(index=6)
@@ -283,9 +283,9 @@ def test_health_sweep_marks_a_gpu_that_falls_off_the_bus_lost(northwind, northwi
 def test_offline_host_comes_back_when_reachable(northwind, northwind_ib, add_local_host):
     host = add_local_host(northwind, northwind_ib, "blip")
     set_fault(services.sandbox_path(host), "unreachable")
-    services.health_sweep()
+    health.health_sweep()
     (services.sandbox_path(host) / "faults" / "unreachable").unlink()
-    services.health_sweep()
+    health.health_sweep()
     host.refresh_from_db()
     assert host.state == HostState.AVAILABLE
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from inventory import services
+from inventory import health, services
 from inventory.choices import HostState
 from tests.lab.conftest import onboard_machine
 
@@ -62,4 +62,4 @@ def test_lab_machines_are_onboarded_through_their_gates_by_the_ssh_driver(lab, n
         finally:
             driver.close()
 
-    assert services.health_sweep() == {"ok": 2}
+    assert health.health_sweep() == {"ok": 2}

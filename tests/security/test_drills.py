@@ -20,6 +20,7 @@ from clusters import drills, provision, services, transitions
 from clusters.choices import FailureReason
 from clusters.models import Cluster
 from clusters.provisioning import node_users
+from inventory import health
 from inventory import services as inventory
 from inventory.drivers.base import HostDriver, HostUnreachable
 from inventory.models import Host
@@ -284,7 +285,7 @@ def test_a_drills_failure_is_not_held_against_the_hosts_reliability(cluster, tom
     inventory.inject_fault(first, "unreachable", actor=priya)  # a real outage: the provider's
     drills.run_drill(cluster, tom, "unreachable", rank=1)  # the team's drill
 
-    inventory.health_sweep()
+    health.health_sweep()
 
     first.refresh_from_db()
     second.refresh_from_db()

@@ -29,4 +29,3 @@ def test_a_task_for_a_row_that_does_not_exist_does_nothing_and_says_so(task, cap
     assert result.successful() and result.get() == "gone"
     assert f"{task.name}(987654,): nothing to do" in caplog.text
     assert "matching query does not exist" in caplog.text
-
