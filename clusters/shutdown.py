@@ -55,7 +55,7 @@ def install_node_pids() -> list[int]:
     prefix = f"{NODE_MARKER_VAR}=volt-{namespace.current_id()}-".encode()
     places = (
         str(Path(settings.VOLT_DATA_DIR).resolve() / "hosts") + "/",
-        namespace.ray_temp_root(settings.VOLT_DATA_DIR) + "/",
+        namespace.ray_temp_root() + "/",
     )
     own = os.getpid()
     return sorted(
@@ -97,5 +97,5 @@ def kill_leftover_nodes(wait_s: float = 5.0) -> list[int]:
     while install_node_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
     if not install_node_pids():
-        shutil.rmtree(namespace.ray_temp_root(settings.VOLT_DATA_DIR), ignore_errors=True)
+        shutil.rmtree(namespace.ray_temp_root(), ignore_errors=True)
     return pids

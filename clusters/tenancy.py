@@ -336,7 +336,7 @@ def node_user_prefix(cluster: Cluster, host) -> str:
 
 def node_temp_dir(cluster: Cluster, node: ClusterNode) -> str:
     """Ray's temp dir of one node (short: its socket paths must fit in 107 bytes)."""
-    return f"{namespace.ray_temp_root(settings.VOLT_DATA_DIR)}/{cluster.pk}-{node.slot}"
+    return f"{namespace.ray_temp_root()}/{cluster.pk}-{node.slot}"
 
 
 def storage_location(cluster: Cluster, *parts: str | int) -> str:
@@ -363,7 +363,7 @@ def shared_storage_root() -> Path:
     inside = Path(settings.VOLT_DATA_DIR).absolute() / "shared-storage"
     if _searchable_by_others(inside.parent):
         return inside
-    return Path("/var/tmp") / f"volt-{namespace.install_id(settings.VOLT_DATA_DIR)}" / "shared-storage"
+    return Path("/var/tmp") / f"volt-{namespace.current_id()}" / "shared-storage"
 
 
 def _searchable_by_others(folder: Path) -> bool:

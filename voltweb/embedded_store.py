@@ -62,8 +62,9 @@ def _free(port: int) -> bool:
     return True
 
 
-def free_ports(start: int = 20000, stop: int = 29000) -> dict[str, int]:
-    """Four ports, each free with its gRPC twin (+10000), from a random point of [start, stop)."""
+def free_ports(start: int = 12000, stop: int = 22000) -> dict[str, int]:
+    """Four ports, each free with its gRPC twin (+10000), from a random point of [start, stop): below the
+    kernel's ephemeral range (32768 up), where an outgoing connection could take a twin meanwhile."""
     ports: dict[str, int] = {}
     candidate = start + secrets.randbelow(stop - start)
     for _ in range(stop - start):
@@ -83,7 +84,8 @@ def start(data_dir: Path) -> EmbeddedStore:
     (data_dir / "data").mkdir(exist_ok=True)
     access_key, secret_key = "volt" + secrets.token_hex(8), secrets.token_urlsafe(30)
     config = data_dir / "s3.json"
-    config.touch(mode=0o600)
+    config.unlink(missing_ok=True)  # made afresh at 0600: an old file would keep its mode
+    os.close(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     config.write_text(json.dumps({"identities": [{
         "name": "volt",
         "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
@@ -97,7 +99,8 @@ def start(data_dir: Path) -> EmbeddedStore:
         "-volume.max=16", "-master.volumeSizeLimitMB=1024", "-s3", f"-s3.port={ports['s3']}", f"-s3.config={config}", "-s3.iam.readOnly=false",
         "-s3.port.iceberg=0", "-s3.port.lance=0",
     ]  # fmt: skip
-    # weed puts its gRPC sockets in the temp folder (Go's os.TempDir): this store's own, gone with it.
+    # weed writes its glog files to the temp folder (Go's os.TempDir): this store's own, gone with it. (Its
+    # gRPC sockets go to fixed /tmp/seaweedfs-*.sock paths whatever TMPDIR says: `stop` removes them.)
     (data_dir / "tmp").mkdir(mode=0o700, exist_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": str(data_dir / "tmp")}
     with open(data_dir / "weed.log", "ab") as log:
@@ -157,14 +160,23 @@ def stop(pid: int, data_dir: Path | None = None, timeout_s: float = 15.0) -> Non
     """SIGTERM the store's process group (weed and nothing else: it was started in a session of its own),
     then SIGKILL if it lingers; with `data_dir`, remove the gRPC sockets weed leaves in /tmp (their paths
     are weed's own, named by port: recorded in ports.json)."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    else:
-        _wait_gone(pid, timeout_s)
+    if _is_weed(pid):  # a PID that is no longer weed's (reused since) is left alone
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        else:
+            _wait_gone(pid, timeout_s)
     if data_dir is not None:
         _remove_sockets(data_dir)
+
+
+def _is_weed(pid: int) -> bool:
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return Path(argv0.decode(errors="replace")).name == "weed"
 
 
 def _remove_sockets(data_dir: Path) -> None:

@@ -36,14 +36,16 @@ def default_redis_url(data_dir: str | Path) -> str:
     return f"redis://127.0.0.1:6379/{redis_db(data_dir)}"
 
 
-def ray_temp_root(data_dir: str | Path) -> str:
-    """Parent of this install's Ray temp folders: /tmp/volt-ray/<id> (20 characters; Ray's limit is ~40)."""
-    return f"/tmp/volt-ray/{install_id(data_dir)}"
+def ray_temp_root(data_dir: str | Path | None = None) -> str:
+    """Parent of the install's Ray temp folders: /tmp/volt-ray/<id> (20 characters; Ray's limit is ~40);
+    without `data_dir`, the running install's (current_id)."""
+    return f"/tmp/volt-ray/{current_id() if data_dir is None else install_id(data_dir)}"
 
 
-def first_slot(data_dir: str | Path) -> int:
-    """Where this install starts looking for a free Ray port slot on this machine."""
-    return _SLOT_STARTS[int(install_id(data_dir), 16) % len(_SLOT_STARTS)]
+def first_slot(data_dir: str | Path | None = None) -> int:
+    """Where the install starts looking for a free Ray port slot on a machine (the running one's by default)."""
+    ident = current_id() if data_dir is None else install_id(data_dir)
+    return _SLOT_STARTS[int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16) % len(_SLOT_STARTS)]
 
 
 def current_id() -> str:

@@ -2,7 +2,7 @@
 voltweb/embedded_store.py; any S3 store with an AWS-style IAM API in production), one bucket, and one
 identity per cluster that the *store* confines to the cluster's prefix.
 
-    Volt (admin key) ── IAM API: CreateUser volt-<install>-<name>, CreateAccessKey, PutUserPolicy
+    Volt (admin key) ── IAM API: CreateUser <name>, CreateAccessKey, PutUserPolicy
                         (s3:GetObject/PutObject/DeleteObject on <bucket>/<prefix>*, s3:ListBucket on the bucket
                         with the s3:prefix condition) → the key pair goes to the cluster's nodes alone
     a job (its key)  ── S3 API: only under its prefix; anything else is "AccessDenied" from the store
@@ -100,11 +100,16 @@ class Store:
         existed, removed); returns its new key pair."""
         if not _NAME.match(name) or not prefix or prefix.startswith("/") or not prefix.endswith("/"):
             raise ValueError(f"identity {name!r} / prefix {prefix!r}: a user name and a 'folder/' prefix")
+        from botocore.exceptions import ClientError
+
         iam = self.client("iam")
         self.ensure_bucket()
         if not self._exists(iam, name):
-            self._call(f"creating identity {name}", lambda: iam.create_user(UserName=name))
-        self._drop_keys(iam, name)
+            try:
+                self._call(f"creating identity {name}", lambda: iam.create_user(UserName=name))
+            except ClientError as exc:  # another grant made it meanwhile
+                if exc.response.get("Error", {}).get("Code") != "EntityAlreadyExists":
+                    raise
         policy = {
             "Version": "2012-10-17",
             "Statement": [
@@ -124,7 +129,12 @@ class Store:
         credentials = Credentials(
             self.endpoint, self.region, self.bucket, prefix, key["AccessKeyId"], key["SecretAccessKey"]
         )
-        self._wait_effective(credentials)
+        self._drop_keys(iam, name, keep=credentials.access_key)  # one key per identity, even when grants race
+        try:
+            self._wait_effective(credentials)
+        except BaseException:
+            iam.delete_access_key(UserName=name, AccessKeyId=credentials.access_key)
+            raise
         return credentials
 
     def _wait_effective(self, credentials: Credentials, timeout_s: float = EFFECTIVE_TIMEOUT_S) -> None:
@@ -141,8 +151,13 @@ class Store:
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
                 if time.monotonic() > deadline:
+                    why = (
+                        "its policy does not let it list its own prefix (does the store evaluate s3:prefix?)"
+                        if code == "AccessDenied"
+                        else f"the key is still unknown to it ({code})"
+                    )
                     raise StoreUnavailable(
-                        f"the checkpoint store at {self.endpoint} did not take a new key in {timeout_s:g} s ({code})"
+                        f"the checkpoint store at {self.endpoint} did not take a new key in {timeout_s:g} s: {why}"
                     ) from None
             time.sleep(0.2)
 
@@ -177,10 +192,11 @@ class Store:
             raise
         return True
 
-    def _drop_keys(self, iam, name: str) -> None:
+    def _drop_keys(self, iam, name: str, keep: str = "") -> None:
         keys = self._call(f"{name}'s keys", lambda: iam.list_access_keys(UserName=name))
         for key in keys.get("AccessKeyMetadata", []):
-            iam.delete_access_key(UserName=name, AccessKeyId=key["AccessKeyId"])
+            if key["AccessKeyId"] != keep:
+                iam.delete_access_key(UserName=name, AccessKeyId=key["AccessKeyId"])
 
 
 def from_settings() -> Store | None:

@@ -339,7 +339,7 @@ def _claim_slot(node: ClusterNode) -> int:
                 machine=node.machine, released_at__isnull=True, slot__isnull=False
             ).values_list("slot", flat=True)
         )
-        start = namespace.first_slot(settings.VOLT_DATA_DIR)  # this install's end of the range first
+        start = namespace.first_slot()  # this install's end of the range first
         order = [(start + i) % (ray_nodes.MAX_SLOT + 1) for i in range(ray_nodes.MAX_SLOT + 1)]
         usable = (s for s in order if s not in taken)
         if node.machine == "local":  # another Volt (a demo, a test run) may use this machine's ports too

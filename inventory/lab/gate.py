@@ -15,7 +15,7 @@ the state file never recorded it.
 The same gate, turned round (`--back`), lets control machines (`"role": "control"`) reach the control
 plane's PostgreSQL and Redis without anything in the root namespace targeting a lab address:
 
-    control machine ──TCP──▶ 10.77.0.1:5432 (a dummy interface of the router namespace, where the gate's
+    control machine ──TCP──▶ 10.77.0.1:5432 (an address on the router namespace's lo, where the gate's
                              back sockets listen; only the `--allow`ed source addresses are served)
                              └─▶ a socket made in the gate's first namespace (the root one, held open as a
                                  file) connects to 127.0.0.1:5432 there
@@ -76,7 +76,11 @@ class _Namespaces:
         try:
             return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         finally:
-            _setns_fd(self.joined, "the joined namespace")
+            try:
+                _setns_fd(self.joined, "the joined namespace")
+            except OSError as exc:  # left in the first namespace, its forward routes would dial from there
+                _log(f"cannot return to the joined namespace ({exc}): stopping")
+                os._exit(3)
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -277,21 +277,25 @@ def _control_init(
 ) -> str:
     """A control machine's init: Volt's install and the Python its venv is made from, read-only at their own
     paths where they lie under a folder the machine has its own of (a test run's clone under /tmp, a pyenv
-    Python under /root: stashed before those are mounted over); elsewhere the machine sees them as is. And, in the background before sshd, the management network as the root
-    namespace sees it: every machine's gate address on this machine's loopback, connected over its own
-    cable (inventory/lab/gate.py)."""
+    Python under /root: stashed before those are mounted over); elsewhere the machine sees them as is. And,
+    started before sshd (which waits for it), the management network as the root namespace sees it: every
+    machine's gate address on this machine's loopback, connected over its own cable (inventory/lab/gate.py)."""
     before, after = [], []
     paths = [path for path in (VOLT_DIR, Path(sys.base_prefix).resolve()) if _under_own_disk(path)]
     for index, path in enumerate(dict.fromkeys(paths)):
-        stash = root / f"visible-{index}"
-        stash.mkdir(exist_ok=True)
-        before += [f"mount --bind {path} {stash}", f"mount -o remount,bind,ro {stash}"]
-        after += [f"mkdir -p {path}", f"mount --bind {stash} {path}", f"mount -o remount,bind,ro {path}"]
+        stash, at = shlex.quote(str(root / f"visible-{index}")), shlex.quote(str(path))
+        (root / f"visible-{index}").mkdir(exist_ok=True)
+        before += [f"mount --bind {at} {stash}", f"mount -o remount,bind,ro {stash}"]
+        after += [f"mkdir -p {at}", f"mount --bind {stash} {at}", f"mount -o remount,bind,ro {at}"]
     routes = " ".join(f"{m.gate}:{gate_port}={m.address}:{SSH_PORT}" for m in topology.machines)
-    after.append(
-        f"(cd {VOLT_DIR} && PYTHONPATH={VOLT_DIR} exec {python} -m inventory.lab.gate --netns /proc/self/ns/net \\\n"
-        f"    --log /var/tmp/volt-gate.log {routes}) </dev/null >/var/tmp/volt-gate.out 2>&1 &"
-    )
+    volt = shlex.quote(str(VOLT_DIR))
+    after += [
+        f"(cd {volt} && PYTHONPATH={volt} exec {shlex.quote(python)} -m inventory.lab.gate --netns /proc/self/ns/net \\",
+        f"    --log /var/tmp/volt-gate.log {routes}) </dev/null >/var/tmp/volt-gate.out 2>&1 &",
+        # sshd (the sign that the machine is up) only once its gate serves, or the boot fails saying why
+        "for _ in $(seq 150); do grep -q . /var/tmp/volt-gate.out && break; sleep 0.1; done",
+        'grep -qx ready /var/tmp/volt-gate.out || { echo "its gate did not start: $(cat /var/tmp/volt-gate.out)"; exit 1; }',
+    ]
     proc = "mount -t proc proc /proc\n"
     script = script.replace(proc, proc + "\n".join(before) + "\n", 1)
     named = f"hostname {machine.name}\n"

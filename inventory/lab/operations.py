@@ -14,7 +14,9 @@ Every function takes the lab's base folder and number, and `say` for progress li
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -167,6 +169,7 @@ def _make(
         gate_port=gate_port,
         login_uid=machines.free_uid(),
         run_netns_was_mounted=network.run_netns_is_mounted(),
+        services=dict(services) if any(m.role == "control" for m in topology.machines) else {},
     )
     directory.mkdir(parents=True, mode=0o700)
     state.write(directory, record)
@@ -442,33 +445,62 @@ def control_services(database: dict, redis_url: str) -> dict[str, str]:
     services = {}
     for host, port in found:
         target = "127.0.0.1" if host == "localhost" else host
-        if target.startswith("127."):
+        if _loopback(target) and ":" not in target:
             services[f"{CONTROL_ADDRESS}:{port}"] = f"{target}:{port}"
     return services
 
 
-def control_url(url: str) -> str:
-    """`url` (a database or Redis URL naming a loopback host) as a control machine reaches it: through the
-    gate's back route at CONTROL_ADDRESS, same port."""
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def control_url(url: str, services: dict[str, str], what: str) -> str:
+    """`url` (a database or Redis URL naming a loopback address of this box) as a control machine reaches it:
+    through the gate's back route at CONTROL_ADDRESS, same port. Refused, saying why, where no route
+    carries it (`services`: the routes the lab came up with)."""
     parsed = urlsplit(url)
     host = parsed.hostname or ""
-    if host != "localhost" and not host.startswith("127."):
-        return url
-    netloc = parsed.netloc.rpartition("@")
-    userinfo = netloc[0] + "@" if netloc[1] else ""
-    port = f":{parsed.port}" if parsed.port else ""
-    return urlunsplit(parsed._replace(netloc=f"{userinfo}{CONTROL_ADDRESS}{port}"))
+    default = {"redis": 6379}.get(parsed.scheme, 5432)
+    port = parsed.port or default
+    if not _loopback(host) or ":" in host:
+        raise LabError(
+            f"{what} names {host or 'a socket'}: the lab carries only this box's loopback TCP services (an "
+            "IPv4 address in 127.0.0.0/8) to control machines"
+        )
+    if f"{CONTROL_ADDRESS}:{port}" not in services:
+        raise LabError(
+            f"{what}'s port {port} has no route to control machines in this lab: bring the lab up with the "
+            f"same {what} in the environment (`sudo -E … lab up`)"
+        )
+    userinfo = parsed.netloc.rpartition("@")[0]
+    netloc = (userinfo + "@" if userinfo else "") + f"{CONTROL_ADDRESS}:{port}"
+    return urlunsplit(parsed._replace(netloc=netloc))
 
 
 # Where a control machine's Volt keeps what it writes (its own /var/tmp): the install is read-only there.
 CONTROL_DATA_DIR = "/var/tmp/volt"
-_PASSED = ("DJANGO_SETTINGS_MODULE", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "LANG", "TZ")
+_PASSED = ("DJANGO_SETTINGS_MODULE", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "LOG_LEVEL", "LANG", "TZ")
+_PASSED_PREFIXES = ("VOLT_", "CELERY_", "DB_")
+# Not reachable from lab machines yet (the checkpoint store has no route): a worker there goes without.
+_NOT_PASSED = ("VOLT_LAB_DIR", "VOLT_STORE_ENDPOINT", "VOLT_STORE_ACCESS_KEY", "VOLT_STORE_SECRET_KEY")
 
 
-def worker_environment(environ: dict[str, str], install_id: str) -> dict[str, str]:
-    """A control machine's worker environment from this process's: the same settings (every VOLT_*, the
-    secret key, which decrypts the hosts' SSH keys), the same install (VOLT_INSTALL_ID: the Ray cluster ids,
-    users and markers it names must be the control plane's), PostgreSQL and Redis through the gate."""
+def worker_environment(base: Path, lab: int, environ: dict[str, str]) -> dict[str, str]:
+    """A control machine's worker environment from this process's: the same settings (VOLT_*, CELERY_*,
+    DB_*, the secret key, which decrypts the hosts' SSH keys), the same install (VOLT_INSTALL_ID, which must
+    be set: an id derived from the data dir differs on another machine), PostgreSQL and Redis through the
+    gate. It holds secrets: give it to the process as its environment, never on a command line."""
+    record, _topology = read_lab(base, lab)
+    if not re.fullmatch(r"[a-z0-9]{1,12}", environ.get("VOLT_INSTALL_ID", "")):
+        raise LabError(
+            "set VOLT_INSTALL_ID (1-12 lower-case letters or digits) for the whole install — web, workers, "
+            "beat and `lab worker` — so that every machine names clusters, users and channels alike"
+        )
     database = environ.get("DATABASE_URL", "")
     if not database.startswith(("postgres://", "postgresql://")):
         raise LabError(
@@ -477,32 +509,35 @@ def worker_environment(environ: dict[str, str], install_id: str) -> dict[str, st
         )
     if not environ.get("REDIS_URL", "").startswith("redis://"):
         raise LabError("a worker on a control machine needs REDIS_URL (e.g. redis://127.0.0.1:6379/1)")
-    env = {k: v for k, v in environ.items() if k.startswith("VOLT_") or k in _PASSED}
+    env = {k: v for k, v in environ.items() if k.startswith(_PASSED_PREFIXES) or k in _PASSED}
+    for name in _NOT_PASSED:
+        env.pop(name, None)
     env.update(
         PATH=_SYSTEM_PATH,
         HOME="/root",
-        DATABASE_URL=control_url(database),
-        REDIS_URL=control_url(environ["REDIS_URL"]),
+        DATABASE_URL=control_url(database, record.services, "DATABASE_URL"),
+        REDIS_URL=control_url(environ["REDIS_URL"], record.services, "REDIS_URL"),
         VOLT_DATA_DIR=CONTROL_DATA_DIR,
-        VOLT_INSTALL_ID=install_id,
         PYTHONDONTWRITEBYTECODE="1",
     )
-    env.pop("VOLT_LAB_DIR", None)
+    if environ.get("CELERY_BROKER_URL"):
+        env["CELERY_BROKER_URL"] = control_url(
+            environ["CELERY_BROKER_URL"], record.services, "CELERY_BROKER_URL"
+        )
     return env
 
 
-def worker_command(
-    base: Path, lab: int, name: str, environment: dict[str, str], celery_args: list[str]
-) -> list[str]:
+def worker_command(base: Path, lab: int, name: str, celery_args: list[str]) -> list[str]:
     """The command line that runs a Volt Celery worker on control machine `name`, in all its namespaces (a
-    power-off ends it), with `environment` alone (env -i): Volt's install at its own path, its own Python."""
+    power-off ends it): Volt's install at its own path, its own Python. Run it with `worker_environment`'s
+    result as its whole environment (nsenter and sh pass it on): the command line holds no secret, as every
+    user of the box may read it."""
     _record, _topology, machine, _entry = _machine(base, lab, name)
     if machine.role != "control":
         raise LabError(f'{name} is not a control machine: give it "role": "control" in the topology')
-    celery = str(machines.VOLT_DIR / ".venv" / "bin" / "celery")
-    argv = ["env", "-i", *(f"{k}={v}" for k, v in sorted(environment.items()))]
-    argv += [celery, "-A", "voltweb", "worker", *celery_args]
-    return command_in(base, lab, name, ["sh", "-c", f"cd {machines.VOLT_DIR} && exec {shlex.join(argv)}"])
+    celery = [str(machines.VOLT_DIR / ".venv" / "bin" / "celery"), "-A", "voltweb", "worker", *celery_args]
+    script = f"cd {shlex.quote(str(machines.VOLT_DIR))} && exec {shlex.join(celery)}"
+    return command_in(base, lab, name, ["sh", "-c", script])
 
 
 def run_in(

@@ -93,6 +93,8 @@ class LabState:
     login_user: str = "volt"
     login_uid: int = 0
     run_netns_was_mounted: bool = True
+    # The gate's back routes: {"10.77.0.1:5432": "127.0.0.1:5432"}, what control machines reach.
+    services: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict:
         return asdict(self)

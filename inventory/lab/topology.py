@@ -35,7 +35,7 @@ from inventory.fabric_emulation import LEVELS, LinkEnd, common_level, pair_rate_
 
 LAB_NETWORK = ipaddress.ip_network("10.77.0.0/16")
 # The control plane's services (PostgreSQL, Redis) as control machines reach them: an address of the router
-# namespace alone (a dummy interface), outside every provider's network.
+# namespace alone (on its lo), outside every provider's network.
 CONTROL_ADDRESS = "10.77.0.1"
 ROLES = ("gpu", "control")
 GATE_NETWORK = ipaddress.ip_network("127.77.0.0/16")

@@ -1,13 +1,26 @@
 """What control machines (`"role": "control"`) are given: the control plane's services through the lab's gate,
-and a worker environment that is the same install as the control plane's (pure functions; the lab suite,
-tests/lab/test_workers.py, runs the real thing)."""
+and a worker environment that is the same install as the control plane's (pure functions over a lab's state
+file; the lab suite, tests/lab/test_workers.py, runs the real thing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from inventory.lab import operations
-from inventory.lab.topology import CONTROL_ADDRESS
+from inventory.lab import operations, state
+from inventory.lab.topology import CONTROL_ADDRESS, as_json, build, default_topology
+
+SERVICES = {f"{CONTROL_ADDRESS}:5432": "127.0.0.1:5432", f"{CONTROL_ADDRESS}:6379": "127.0.0.1:6379"}
+
+
+@pytest.fixture
+def lab_base(tmp_path):
+    """A lab's state file as `lab up` leaves it: one provider machine, one control machine, the routes."""
+    declared = default_topology(2, providers=1)
+    declared["machines"][1]["role"] = "control"
+    record = state.LabState(lab=7, topology=as_json(build(7, declared)), services=dict(SERVICES))
+    record.machines = {m["name"]: state.MachineState() for m in declared["machines"]}
+    state.write(state.lab_dir(tmp_path, 7), record)
+    return tmp_path
 
 
 def test_loopback_postgresql_and_redis_are_offered_to_control_machines_on_the_same_ports():
@@ -27,37 +40,64 @@ def test_services_the_gate_cannot_carry_are_not_offered():
 
     assert operations.control_services(sqlite, "unix:///run/redis.sock") == {}
     assert operations.control_services(elsewhere, "redis://cache.example.com:6379/0") == {}
+    assert operations.control_services(elsewhere, "redis://127.example.com:6379/0") == {}
 
 
-def test_a_worker_reaches_the_same_database_and_redis_through_the_gate_as_the_same_install():
-    environ = {
-        "DATABASE_URL": "postgres://volt:secret@localhost:5432/volt",
-        "REDIS_URL": "redis://:pw@127.0.0.1:6379/3",
-        "SECRET_KEY": "k" * 50,
-        "VOLT_SSH_SHARED_DIR": "/mnt/volt-shared",
-        "VOLT_DATA_DIR": "/srv/volt",
-        "VOLT_LAB_DIR": "/var/lib/volt-lab",
-        "HOME": "/home/someone",
-        "AWS_SECRET_ACCESS_KEY": "not Volt's",
-    }
+ENVIRON = {
+    "DATABASE_URL": "postgres://volt:s3cr@t@localhost/volt",
+    "REDIS_URL": "redis://:pw@127.0.0.1:6379/3",
+    "CELERY_TASK_TIME_LIMIT": "400",
+    "SECRET_KEY": "k" * 50,
+    "VOLT_INSTALL_ID": "abc123",
+    "VOLT_SSH_SHARED_DIR": "/mnt/volt-shared",
+    "VOLT_DATA_DIR": "/srv/volt",
+    "VOLT_LAB_DIR": "/var/lib/volt-lab",
+    "VOLT_STORE_ENDPOINT": "http://127.0.0.1:8333",
+    "VOLT_STORE_SECRET_KEY": "store",
+    "HOME": "/home/someone",
+    "AWS_SECRET_ACCESS_KEY": "not Volt's",
+}
 
-    env = operations.worker_environment(environ, "abc123")
 
-    assert env["DATABASE_URL"] == f"postgres://volt:secret@{CONTROL_ADDRESS}:5432/volt"
+def test_a_worker_reaches_the_same_database_and_redis_through_the_gate_as_the_same_install(lab_base):
+    env = operations.worker_environment(lab_base, 7, dict(ENVIRON))
+
+    assert env["DATABASE_URL"] == f"postgres://volt:s3cr@t@{CONTROL_ADDRESS}:5432/volt"  # default port kept
     assert env["REDIS_URL"] == f"redis://:pw@{CONTROL_ADDRESS}:6379/3"
     assert env["VOLT_INSTALL_ID"] == "abc123" and env["SECRET_KEY"] == "k" * 50
-    assert env["VOLT_SSH_SHARED_DIR"] == "/mnt/volt-shared"
+    assert env["VOLT_SSH_SHARED_DIR"] == "/mnt/volt-shared" and env["CELERY_TASK_TIME_LIMIT"] == "400"
     assert env["VOLT_DATA_DIR"] == operations.CONTROL_DATA_DIR  # the install is read-only there
-    assert "VOLT_LAB_DIR" not in env and "AWS_SECRET_ACCESS_KEY" not in env and env["HOME"] == "/root"
+    assert env["HOME"] == "/root"
+    for name in ("VOLT_LAB_DIR", "AWS_SECRET_ACCESS_KEY", "VOLT_STORE_ENDPOINT", "VOLT_STORE_SECRET_KEY"):
+        assert name not in env
+
+
+def test_the_worker_command_line_holds_no_secret(lab_base, monkeypatch):
+    monkeypatch.setattr(operations, "command_in", lambda base, lab, name, argv, user=None: ["nsenter", *argv])
+
+    command = operations.worker_command(lab_base, 7, "nw-02", ["-Q", "placement"])
+
+    line = " ".join(command)
+    assert "celery" in line and "-A voltweb worker -Q placement" in line
+    assert "k" * 50 not in line and "s3cr@t" not in line and "pw@" not in line
+    with pytest.raises(operations.LabError, match="nw-01 is not a control machine"):
+        operations.worker_command(lab_base, 7, "nw-01", [])
 
 
 @pytest.mark.parametrize(
-    "environ, message",
+    "change, message",
     [
-        ({"REDIS_URL": "redis://127.0.0.1:6379/1"}, "needs the control plane's PostgreSQL: set DATABASE_URL"),
-        ({"DATABASE_URL": "postgres://volt@127.0.0.1/volt"}, "needs REDIS_URL"),
+        ({"DATABASE_URL": ""}, "needs the control plane's PostgreSQL: set DATABASE_URL"),
+        ({"REDIS_URL": ""}, "needs REDIS_URL"),
+        ({"VOLT_INSTALL_ID": ""}, "set VOLT_INSTALL_ID .* for the whole install"),
+        (
+            {"DATABASE_URL": "postgres://volt@db.example.com/volt"},
+            "carries only this box's loopback TCP services",
+        ),
+        ({"REDIS_URL": "redis://[::1]:6379/0"}, "carries only this box's loopback TCP services"),
+        ({"REDIS_URL": "redis://127.0.0.1:6390/0"}, "port 6390 has no route to control machines"),
     ],
 )
-def test_a_worker_without_shared_services_is_refused_saying_what_to_set(environ, message):
+def test_a_worker_the_lab_cannot_serve_is_refused_saying_what_to_set(lab_base, change, message):
     with pytest.raises(operations.LabError, match=message):
-        operations.worker_environment(environ, "abc123")
+        operations.worker_environment(lab_base, 7, dict(ENVIRON, **change))

@@ -10,6 +10,7 @@ booked once; terminate then leaves nothing."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 from urllib.parse import urlsplit
@@ -23,7 +24,7 @@ from clusters.models import Allocation, Cluster, ClusterEvent, ClusterNode
 from clusters.provision import ray_cluster_id
 from clusters.provisioning import ray_http, ray_nodes
 from clusters.telemetry import ray_head
-from clusters.tenancy import ray_auth_token, ssh_node_uid
+from clusters.tenancy import node_temp_dir, ray_auth_token, ssh_node_uid
 from inventory import runtimes, tunnels
 from inventory import services as inventory
 from inventory.choices import HostState
@@ -101,6 +102,8 @@ def lab_workers(lab, lab_hosts, tmp_path):
         os.environ,
         DATABASE_URL=database_url(),
         REDIS_URL=django_settings.REDIS_URL,
+        VOLT_INSTALL_ID=django_settings.VOLT_INSTALL_ID,
+        SECRET_KEY=django_settings.SECRET_KEY,  # decrypts the hosts' SSH keys, as here
         VOLT_SSH_SHARED_DIR="/mnt/volt-shared",
         VOLT_AUTO_PROVISION="1",
         VOLT_AUTO_RECOVER="0",
@@ -111,16 +114,19 @@ def lab_workers(lab, lab_hosts, tmp_path):
         VOLT_SLOW_HOST_REPLACEMENTS="0",
         VOLT_PROVISION_STALE_S=str(STALE_S),
     )
-    env = operations.worker_environment(environ, django_settings.VOLT_INSTALL_ID)
+    env = operations.worker_environment(lab.base, lab.number, environ)
     assert env["DATABASE_URL"].split("@")[1].startswith("10.77.0.1:") and "10.77.0.1:" in env["REDIS_URL"]
     logs, processes = {}, []
     for name in CONTROL:
         logs[name] = tmp_path / f"{name}.log"
         argv = ["-Q", QUEUES, "-n", f"volt@{name}", "--prefetch-multiplier", "1", "-c", "2", "-l", "INFO"]
+        command = operations.worker_command(lab.base, lab.number, name, argv)
+        assert env["SECRET_KEY"] not in " ".join(command)  # secrets go in its environment, not its argv
         with open(logs[name], "wb") as log:
-            command = operations.worker_command(lab.base, lab.number, name, env, argv)
             processes.append(
-                subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             )
     names = {f"volt@{name}" for name in CONTROL}
     deadline = time.monotonic() + 120
@@ -217,9 +223,10 @@ def test_a_worker_machine_powered_off_mid_provisioning_leaves_the_other_to_finis
         assert host.free_gpus == 1
         with inventory.driver_for(host) as driver:
             assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == []
+        temp_dirs = " ".join(shlex.quote(node_temp_dir(cluster, n)) for n in nodes if n.host_id == host.pk)
         leftover = lab.ssh(
             host.name,
-            f"ls -d ~/{ray_nodes.workdir_for(ray_cluster_id(cluster))} 2>/dev/null; "
+            f"ls -d ~/{ray_nodes.workdir_for(ray_cluster_id(cluster))} {temp_dirs} 2>/dev/null; "
             f"id -u {cluster.node_user} 2>/dev/null; ps -eo uid= | awk '$1 == {ssh_node_uid(cluster)}'; true",
         )
         assert leftover.strip() == "", f"{host.name} kept {leftover!r}"

@@ -18,7 +18,6 @@ from django.core.management.base import BaseCommand, CommandError
 from inventory import services
 from inventory.lab import operations, topology
 from inventory.lab.machines import SHARED_MOUNT
-from voltweb import namespace
 
 
 def _default_nics(model: str, count: int, kind: str) -> list:
@@ -131,15 +130,15 @@ class Command(BaseCommand):
             self._say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
     def _worker(self, base, lab, options) -> None:
-        environment = operations.worker_environment(dict(os.environ), namespace.current_id())
+        environment = operations.worker_environment(base, lab, dict(os.environ))
         extra = options["celery_args"][1:] if options["celery_args"][:1] == ["--"] else options["celery_args"]
         queues = ",".join(settings.VOLT_QUEUES)
         celery_args = ["-Q", queues, "-n", f"volt@{options['machine']}", "--prefetch-multiplier", "1", *extra]
-        command = operations.worker_command(base, lab, options["machine"], environment, celery_args)
+        command = operations.worker_command(base, lab, options["machine"], celery_args)
         self._say(
             f"a Volt worker on {options['machine']} (queues {queues}); Ctrl-C or `lab power-off` ends it"
         )
-        code = subprocess.run(command).returncode
+        code = subprocess.run(command, env=environment).returncode  # secrets in its environment, not argv
         if code:
             raise SystemExit(code)
 
