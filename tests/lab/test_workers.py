@@ -10,7 +10,6 @@ booked once; terminate then leaves nothing."""
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import time
 from urllib.parse import urlsplit
@@ -215,6 +214,14 @@ def test_a_worker_machine_powered_off_mid_provisioning_leaves_the_other_to_finis
     assert all(c[0] == "1" for c in counts.values()), counts  # one Ray node per machine, not two
     assert sum(int(c[1]) for c in counts.values()) == 1, counts  # one head
 
+    # Every node's Ray temp dir is under the install's id, whichever worker started it (the test's process
+    # tears it down below by that same name).
+    made = {name: lab.ssh(name, f"ls -d /tmp/volt-ray/*/{cluster.pk}-*").split() for name in HOSTS}
+    assert all(len(dirs) == 1 for dirs in made.values()), made
+    assert all(d[0].startswith(f"/tmp/volt-ray/{django_settings.VOLT_INSTALL_ID}/") for d in made.values()), (
+        made
+    )
+
     services.terminate_cluster(cluster, wait=True)
     cluster.refresh_from_db()
     assert cluster.status == "terminated"
@@ -223,10 +230,15 @@ def test_a_worker_machine_powered_off_mid_provisioning_leaves_the_other_to_finis
         assert host.free_gpus == 1
         with inventory.driver_for(host) as driver:
             assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == []
-        temp_dirs = " ".join(shlex.quote(node_temp_dir(cluster, n)) for n in nodes if n.host_id == host.pk)
+        # Its Ray temp dirs under any install's name: a worker naming the install otherwise than the one
+        # that tears down would leave them (node_temp_dir is where this install looks).
+        assert all(
+            node_temp_dir(cluster, n).startswith(f"/tmp/volt-ray/{django_settings.VOLT_INSTALL_ID}/")
+            for n in nodes
+        )
         leftover = lab.ssh(
             host.name,
-            f"ls -d ~/{ray_nodes.workdir_for(ray_cluster_id(cluster))} {temp_dirs} 2>/dev/null; "
+            f"ls -d ~/{ray_nodes.workdir_for(ray_cluster_id(cluster))} /tmp/volt-ray/*/{cluster.pk}-* 2>/dev/null; "
             f"id -u {cluster.node_user} 2>/dev/null; ps -eo uid= | awk '$1 == {ssh_node_uid(cluster)}'; true",
         )
         assert leftover.strip() == "", f"{host.name} kept {leftover!r}"
