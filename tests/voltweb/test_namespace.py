@@ -137,13 +137,3 @@ def test_an_install_id_set_explicitly_names_the_install_wherever_its_data_dir_is
     assert namespace.install_seed() == "prod7"  # the Unix users on hosts, from any machine of the install
     settings.VOLT_DATA_DIR = tmp_path / "two"
     assert namespace.current_id() == "prod7"
-
-
-def test_an_install_id_that_cannot_name_ray_clusters_is_refused_at_start():
-    env = dict(os.environ, VOLT_INSTALL_ID="Prod_7!", DJANGO_SETTINGS_MODULE="voltweb.settings_test")
-    result = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env,
-                            capture_output=True, text=True)  # fmt: skip
-    assert (
-        result.returncode != 0
-        and "VOLT_INSTALL_ID must be 1-12 lower-case letters or digits" in result.stderr
-    )

@@ -40,6 +40,16 @@ def manage(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         ({"VOLT_ENCRYPTION_KEY": "short"}, "VOLT_ENCRYPTION_KEY must be a Fernet key"),
         ({"DEBUG": "0", "ALLOWED_HOSTS": "x"}, "SECRET_KEY must be set"),
         ({"CELERY_TASK_SOFT_TIME_LIMIT": "400", "CELERY_TASK_TIME_LIMIT": "300"}, "must be larger than"),
+        # Redis would hand a runtime install (hard limit 1960 s) to a second worker while the first runs it.
+        (
+            {"CELERY_VISIBILITY_TIMEOUT": "1700"},
+            "CELERY_VISIBILITY_TIMEOUT=1700 is below the minimum of 2000",
+        ),
+        ({"VOLT_INSTALL_ID": "Prod_7!"}, "VOLT_INSTALL_ID must be 1-12 lower-case letters or digits"),
+        (
+            {"VOLT_STORE_ENDPOINT": "http://127.0.0.1:9", "VOLT_STORE_ACCESS_KEY": ""},
+            "VOLT_STORE_ENDPOINT is set: set VOLT_STORE_ACCESS_KEY and VOLT_STORE_SECRET_KEY too",
+        ),
     ],
 )
 def test_invalid_settings_fail_at_start_with_a_clear_message(env, message):
