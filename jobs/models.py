@@ -132,6 +132,9 @@ class Checkpoint(models.Model):
     synchronized = models.BooleanField(default=False)
     reason = models.TextField(blank=True, help_text="Why it is not synchronized.")
     world_size = models.PositiveIntegerField(null=True, blank=True)
+    save_s = models.FloatField(
+        null=True, blank=True, help_text="How long writing it held training (the manifest's), seconds."
+    )
     discovered_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

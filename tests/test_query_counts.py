@@ -181,8 +181,9 @@ API_LISTS = [
 
 PAGES = [
     ("alice", "/account/tokens/", 4),
-    ("alice", "/teams/", 9),  # + quota use (GPUs in use, GPU-hours this month) and the audit trail
-    ("root", "/teams/", 9),  # every team, with the quota form
+    # + quota use (GPUs in use, GPU-hours this month), the audit trail, and goodput by day (7, every team at once)
+    ("alice", "/teams/", 16),
+    ("root", "/teams/", 16),  # every team, with the quota form
     ("alice", "/inventory/", 6),
     ("priya", "/inventory/hosts/", 8),
     ("priya", "/inventory/hosts/{host}/", 11),
@@ -190,9 +191,9 @@ PAGES = [
     ("priya", "/inventory/providers/{provider}/", 13),
     ("alice", "/clusters/", 5),
     ("alice", "/clusters/overview/", 9),
-    ("alice", "/clusters/{cluster}/", 14),
+    ("alice", "/clusters/{cluster}/", 21),  # + its goodput ledger (7: timeline, jobs, recoveries, GPUs)
     ("alice", "/jobs/", 5),
-    ("alice", "/clusters/{cluster}/jobs/{job}/", 6),
+    ("alice", "/clusters/{cluster}/jobs/{job}/", 11),  # + its goodput ledger (5)
 ]
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from voltweb.cli_goodput import add_goodput_command
+
 __version__ = "0.1.0"
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -114,6 +116,13 @@ class Client:
     def post(self, path: str, body: dict | None = None) -> Any:
         return self.request("POST", self.api_root + path, body)
 
+    def get_csv(self, path: str, params: dict | None = None) -> str:
+        """A CSV export (`format=csv`), as text."""
+        query = urllib.parse.urlencode(
+            {k: v for k, v in {**(params or {}), "format": "csv"}.items() if v is not None}
+        )
+        return self.request("GET", f"{self.api_root}{path}?{query}", accept="text/csv")
+
     def post_multipart(self, path: str, fields: dict, files: dict[str, tuple[str, bytes]]) -> Any:
         """A multipart/form-data POST (a job's working dir archive): `files` maps a field to (name, bytes)."""
         boundary = f"volt-{os.urandom(12).hex()}"
@@ -141,10 +150,16 @@ class Client:
         return results
 
     def request(
-        self, method: str, url: str, body: dict | None = None, raw: tuple[bytes, str] | None = None
+        self,
+        method: str,
+        url: str,
+        body: dict | None = None,
+        raw: tuple[bytes, str] | None = None,
+        accept: str = "application/json",
     ) -> Any:
         data = None if body is None else json.dumps(body).encode()
         headers = self._headers(data)
+        headers["Accept"] = accept
         if raw is not None:
             data, headers["Content-Type"] = raw
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
@@ -156,6 +171,8 @@ class Client:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", None) or exc
             raise Unreachable(f"cannot reach Volt at {self.base_url}: {reason}") from None
+        if accept != "application/json":
+            return payload.decode()
         try:
             return json.loads(payload)
         except ValueError:
@@ -739,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[connection],
     )
     parser.add_argument("--version", action="version", version=f"volt {__version__}")
-    resources = parser.add_subparsers(dest="resource", required=True, metavar="clusters|jobs")
+    resources = parser.add_subparsers(dest="resource", required=True, metavar="clusters|jobs|goodput")
     clusters = resources.add_parser("clusters", help="request, inspect and terminate clusters")
     commands = clusters.add_subparsers(dest="command", required=True)
 
@@ -773,6 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ok-if-ended", action="store_true", help="exit 0 if the cluster had already ended (cleanup steps)"
     )
     _add_job_commands(resources, connection)
+    add_goodput_command(resources, connection, emit=_emit)
     return parser
 
 

@@ -15,9 +15,10 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from inventory.filters import IdFilter
+from jobs import goodput, services, workdirs
 from jobs import recovery as job_recovery
-from jobs import services, workdirs
 from jobs.api import serializers as s
+from jobs.api.goodput import LedgerSerializer
 from jobs.choices import JobStatus
 from jobs.models import Job
 from voltweb.api.errors import ErrorResponseSerializer
@@ -178,6 +179,14 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def events(self, request, pk=None):
         page = self.paginate_queryset(self.get_object().events.all())
         return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
+
+    @extend_schema(responses={200: LedgerSerializer, **ERRORS})
+    @action(detail=True, methods=["get"])
+    def goodput(self, request, pk=None):
+        """Where the job's time went, from submission to its end (or now): productive, queued, start-up
+        (`provisioning`), checkpoint_save, recovery and lost_work seconds and GPU-hours; they add up to
+        `wall_s` exactly."""
+        return Response(goodput.job_ledger(self.get_object()))
 
 
 def _int_param(request, name: str, default: int) -> int:

@@ -162,6 +162,7 @@ def save(
     """
     import torch
 
+    started = time.time()
     folder = Path(root) / step_dir_name(step)
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
@@ -182,11 +183,15 @@ def save(
         print(f"volt_ckpt: step {step}: not every shard is visible in {folder}; no manifest written",
               file=sys.stderr, flush=True)  # fmt: skip
         return None
+    created = time.time()
     manifest = {
         "format": FORMAT,
         "step": int(step),
         "world_size": int(world_size),
-        "created": time.time(),
+        "created": created,
+        # How long the save held training (rank 0's clock: its shard, the exchange that waits for every
+        # rank's, the visibility check): Volt's goodput ledger counts it as checkpoint time.
+        "save_s": round(created - started, 6),
         "shards": entries,
         "meta": dict(meta or {}),
     }
@@ -280,7 +285,7 @@ def scan(root: str | os.PathLike, *, checksums: bool = True) -> list[dict[str, A
 
     One dict per folder: path, step, synchronized, reason ("" when synchronized), bytes (of the
     shards present), created (the manifest's, else None), world_size (the manifest's, else None),
-    shards_present. A missing or unreadable root is an empty list.
+    save_s (how long the save took, the manifest's, else None), shards_present. A missing or unreadable root is an empty list.
     """
     base = Path(root)
     try:
@@ -297,6 +302,7 @@ def scan(root: str | os.PathLike, *, checksums: bool = True) -> list[dict[str, A
         manifest = manifest or {}
         created = manifest.get("created")
         world = manifest.get("world_size")
+        save_s = manifest.get("save_s")
         found.append({
             "path": str(child),
             "step": int(match.group(1)),
@@ -305,6 +311,7 @@ def scan(root: str | os.PathLike, *, checksums: bool = True) -> list[dict[str, A
             "bytes": size,
             "created": float(created) if isinstance(created, int | float) else None,
             "world_size": world if isinstance(world, int) else None,
+            "save_s": float(save_s) if isinstance(save_s, int | float) and save_s >= 0 else None,
             "shards_present": present,
         })  # fmt: skip
     return sorted(found, key=lambda entry: (entry["step"], entry["path"]))

@@ -67,6 +67,8 @@ def test_intact_checkpoints_are_synchronized_and_load_in_rank_order(written: Pat
         (20, True, "", 2),
     ]
     assert all(e["bytes"] > 0 and e["created"] for e in found)
+    # How long each save held training, as the goodput ledger counts it (jobs/goodput.py).
+    assert all(0 < e["save_s"] < 60 for e in found)
     assert volt_ckpt.latest_synchronized(written)["step"] == 20
     manifest, shards = volt_ckpt.load(written / "step-00000020")
     assert manifest["step"] == 20
