@@ -2,6 +2,7 @@
 
 from django import forms
 
+from clusters import locality
 from clusters.choices import ConstraintMode, ModelPolicy, Parallelism, TopologyLevel
 from inventory.filters import INTERCONNECT_CHOICES
 from inventory.gpu_catalog import BY_MODEL, FAMILIES
@@ -37,10 +38,27 @@ class ClusterForm(forms.Form):
         min_value=0, max_digits=8, decimal_places=2, required=False, label="Max $ / GPU-hour"
     )
     priority = forms.IntegerField(min_value=-100, max_value=100, initial=0)
+    wait_for_locality = forms.CharField(
+        required=False,
+        label="Wait for locality",
+        help_text="e.g. site:30m (one site for up to 30 min, then anywhere, with a warning); several: "
+        "block:10m, site:30m. Empty: the default (multi-node training waits for one site); none: never.",
+    )
 
     def __init__(self, *args, teams=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["team"].choices = [(t.slug, t.name) for t in teams]
+
+    def clean_wait_for_locality(self):
+        text = (self.cleaned_data.get("wait_for_locality") or "").strip()
+        if not text:
+            return None
+        if text.lower() == "none":
+            return []
+        try:
+            return [locality.parse_wait(part) for part in text.split(",") if part.strip()]
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def to_payload(self) -> dict:
         """The API payload for this form's cleaned data."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -21,6 +22,7 @@ from clusters import (
     allocations,
     drills,
     hooks,
+    locality,
     placement,
     planning,
     provision,
@@ -106,11 +108,7 @@ def _plan_queued(cluster: Cluster) -> tuple[bool, placement.Plan | None]:
     """
     try:
         request, over_quota = quotas.narrow(cluster.team, planning.validate_spec(cluster.spec))
-        result = (
-            placement.Refusal((over_quota,))
-            if over_quota
-            else planning.plan_request(request, cluster.team_id)
-        )
+        result = placement.Refusal((over_quota,)) if over_quota else _plan_within_locality(cluster, request)
     except planning.InvalidSpec:
         return True, None  # _place_placing fails it, naming the problems
     if isinstance(result, placement.Plan):
@@ -137,9 +135,7 @@ def _place_placing(cluster: Cluster, first: placement.Plan | None = None) -> Clu
     if over_quota:
         return _enqueue(cluster, placement.Refusal((over_quota,)))
     for attempt in range(PLACEMENT_ATTEMPTS):
-        result = (
-            first if attempt == 0 and first is not None else planning.plan_request(request, cluster.team_id)
-        )
+        result = first if attempt == 0 and first is not None else _plan_within_locality(cluster, request)
         if isinstance(result, placement.Refusal):
             return _enqueue(cluster, result)
         try:
@@ -150,6 +146,25 @@ def _place_placing(cluster: Cluster, first: placement.Plan | None = None) -> Clu
             return _enqueue(cluster, placement.Refusal((str(exc),)))
     refusal = placement.Refusal(("capacity kept changing while placing; retrying from the queue",))
     return _enqueue(cluster, refusal)
+
+
+def _plan_within_locality(cluster: Cluster, request: placement.PlacementRequest):
+    """plan_request, with the request's locality wait applied while it holds (clusters/locality.py): the
+    wait's level required, and a refusal saying what it waits for and until when. Past the bound, the
+    request as written, and a plan wider than it waited for carries the warning."""
+    wait = locality.current_wait(cluster.spec, request, cluster.created_at, timezone.now())
+    if wait is not None:
+        result = planning.plan_request(locality.narrowed(request, wait), cluster.team_id)
+        if isinstance(result, placement.Refusal):
+            reasons = "; ".join(result.reasons) or "no capacity"
+            return placement.Refusal((locality.waiting_reason(wait, reasons),), result.explanation)
+        return result
+    result = planning.plan_request(request, cluster.team_id)
+    if isinstance(result, placement.Plan):
+        warning = locality.waited_warning(cluster.spec, request, result.spanned_level)
+        if warning:
+            result = replace(result, explanation=(*result.explanation, placement.WARNING_PREFIX + warning))
+    return result
 
 
 def _enqueue(cluster: Cluster, refusal: placement.Refusal) -> Cluster:

@@ -16,11 +16,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
-
-from voltweb.cli_goodput import add_goodput_command
 
 __version__ = "0.1.0"
 
@@ -397,6 +395,10 @@ def build_spec(args: argparse.Namespace) -> dict:
         "pipeline_stages": args.pipeline_stages,
     }
     spec |= {key: value for key, value in optional.items() if value is not None}
+    if args.no_locality_wait:
+        spec["wait_for_locality"] = []
+    elif args.wait_for_locality:
+        spec["wait_for_locality"] = args.wait_for_locality
     spec |= _constraint("interconnect", args.interconnect, args.require_interconnect)
     spec |= _constraint("topology", args.topology, args.require_topology)
     return spec
@@ -491,6 +493,16 @@ def _spec_flags() -> argparse.ArgumentParser:
     add("--parallelism", help="data_parallel, tensor_pipeline, inference_replicas or independent")
     add("--pipeline-stages", type=int, metavar="N")
     add("--priority", type=int, help="-100..100; higher is placed first from the queue")
+    waits = flags.add_mutually_exclusive_group()
+    waits.add_argument(
+        "--wait-for-locality",
+        type=locality_wait,
+        action="append",
+        metavar="LEVEL:DURATION",
+        help="wait up to DURATION for one LEVEL before placing wider, e.g. site:30m; repeat per level "
+        "(default: collective requests wait the server's VOLT_LOCALITY_WAIT_S for one site)",
+    )
+    waits.add_argument("--no-locality-wait", action="store_true", help="place as written at once")
     return flags
 
 
@@ -746,6 +758,106 @@ def _add_job_commands(resources, connection) -> None:
         "--status", choices=["pending", "running", "succeeded", "failed", "stopped", "interrupted"]
     )
     command("get", cmd_job_get, "one job").add_argument("id", type=_cluster_id)
+
+
+# --- scheduling: --wait-for-locality, `volt goodput` ---------------------------------------------------
+CATEGORIES = ("productive", "queued", "provisioning", "verification", "checkpoint_save", "recovery",
+              "lost_work", "idle", "teardown")  # fmt: skip
+
+
+LEVELS = ("block", "fabric", "site", "region")
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str) -> int:
+    """`90s`, `30m`, `4h`, `2d` or plain seconds → seconds (argparse type)."""
+    text = text.strip().lower()
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in UNITS else (text, "s")
+    try:
+        value = float(number) * UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 90s, 30m, 4h or 2d") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than 0")
+    return int(round(value))
+
+
+def locality_wait(text: str) -> dict:
+    """`site:30m` → {"level": "site", "max_wait_s": 1800} (argparse type of --wait-for-locality)."""
+    level, _, span = text.partition(":")
+    if level not in LEVELS or not span:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write LEVEL:DURATION, LEVEL one of {', '.join(LEVELS)} (e.g. site:30m)"
+        )
+    return {"level": level, "max_wait_s": duration_s(span)}
+
+
+def _whole_number(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {value!r}")
+    return int(value)
+
+
+def add_goodput_command(resources, connection, *, emit: Callable[[Any], None]) -> None:
+    sub = resources.add_parser(
+        "goodput",
+        help="where your teams' GPU time went: productive, queued, recovery, lost work, idle ...",
+        description="Where your teams' GPU time went, per category, from Volt's recorded timelines.",
+        parents=[connection],
+    )
+    which = sub.add_mutually_exclusive_group()
+    which.add_argument("--cluster", type=_whole_number, metavar="ID", help="one cluster's ledger")
+    which.add_argument("--job", type=_whole_number, metavar="ID", help="one job's ledger")
+    sub.add_argument("--team", help="a team's slug (default: all of yours)")
+    sub.add_argument("--since", help="a date (2026-12-01) or ISO time; default 30 days ago")
+    sub.add_argument("--until", help="a date or ISO time; default now")
+    out = sub.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="the API's JSON")
+    out.add_argument("--csv", action="store_true", help="day,team,provider,category,gpu_hours rows")
+    sub.set_defaults(handler=lambda client, args: cmd_goodput(client, args, emit))
+
+
+def cmd_goodput(client, args: argparse.Namespace, emit: Callable[[Any], None]) -> int:
+    window = {"team": args.team, "since": args.since, "until": args.until}
+    if args.cluster or args.job:
+        path = f"/goodput/clusters/{args.cluster}/" if args.cluster else f"/jobs/{args.job}/goodput/"
+        ledger = client.get(path)
+        if args.json or args.csv:
+            emit(ledger)
+            return 0
+        what = f"cluster {args.cluster}" if args.cluster else f"job {args.job}"
+        sys.stdout.write(f"{what}: {ledger['wall_s'] / 3600:.2f} h wall-clock, from {ledger['start']}\n")
+        sys.stdout.write(table(ledger["seconds"], ledger["gpu_hours"]))
+        return 0
+    if args.csv:
+        sys.stdout.write(client.get_csv("/goodput/", window))
+        return 0
+    report = client.get("/goodput/", window)
+    if args.json:
+        emit(report)
+        return 0
+    sys.stdout.write(f"{report['since'][:10]} to {report['until'][:19]}: {report['clusters']} clusters\n")
+    for team in report["teams"]:
+        sys.stdout.write(f"\nteam {team['team']}\n")
+        sys.stdout.write(table(team["totals"]["seconds"], team["totals"]["gpu_hours"]))
+    if not report["teams"]:
+        sys.stdout.write("no cluster of yours lived in this window\n")
+    return 0
+
+
+def table(seconds: dict[str, float], gpu_hours: dict[str, float]) -> str:
+    """category, hours, GPU-hours and share of GPU-hours, the categories with any time."""
+    held = sum(gpu_hours.values())
+    lines = [f"  {'category':<16}{'hours':>10}{'GPU-hours':>12}{'share':>8}"]
+    for key in CATEGORIES:
+        if not seconds.get(key) and not gpu_hours.get(key):
+            continue
+        share = 100.0 * gpu_hours.get(key, 0) / held if held else 0.0
+        lines.append(
+            f"  {key:<16}{seconds.get(key, 0) / 3600:>10.2f}{gpu_hours.get(key, 0):>12.2f}{share:>7.1f}%"
+        )
+    lines.append(f"  {'total':<16}{sum(seconds.values()) / 3600:>10.2f}{held:>12.2f}")
+    return "\n".join(lines) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,11 +5,14 @@ workers, daphne, `manage.py`) inherit the same values. An explicit environment v
 - DEBUG=1: the dev secret key is accepted and no HTTPS redirect applies (pytest-django still runs each
   test with DEBUG off).
 - VOLT_ALLOW_LOCAL_HOSTS=1: the `local` driver, off by default in production, simulates provider hosts.
+- VOLT_LOCALITY_WAIT_S=0: requests are placed as written unless they ask to wait for locality (the default
+  wait is tested where it is the subject: tests/clusters/test_locality.py).
 """
 
 import os
 
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("VOLT_ALLOW_LOCAL_HOSTS", "1")
+os.environ.setdefault("VOLT_LOCALITY_WAIT_S", "0")
 
 from voltweb.settings import *  # noqa: E402, F403

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from clusters import planning, recovery, services
+from clusters import locality, planning, recovery, services
 from clusters.choices import ConstraintMode, FailureReason, ModelPolicy, Parallelism, TopologyLevel
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
@@ -28,6 +28,13 @@ def problems_by_field(problems) -> dict[str, list[str]]:
         field = next((f for hint, f in _FIELD_HINTS if hint.lower() in problem.lower()), "non_field_errors")
         fields.setdefault(field, []).append(problem)
     return fields
+
+
+class LocalityWaitSerializer(serializers.Serializer):
+    level = serializers.ChoiceField(choices=TopologyLevel.choices, help_text="The span to wait for.")
+    max_wait_s = StrictIntegerField(
+        min_value=0, max_value=locality.MAX_WAIT_S, help_text="How long to wait for it (0: not at all)."
+    )
 
 
 class ClusterSpecSerializer(serializers.Serializer):
@@ -66,6 +73,24 @@ class ClusterSpecSerializer(serializers.Serializer):
     )
     parallelism = serializers.ChoiceField(choices=Parallelism.choices, default=Parallelism.DATA_PARALLEL)
     pipeline_stages = StrictIntegerField(min_value=0, max_value=1024, default=0)
+    wait_for_locality = LocalityWaitSerializer(
+        many=True,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text='Wait for a tighter span before placing wider, e.g. [{"level": "site", "max_wait_s": 1800}]: '
+        "one site for up to 30 min, then anywhere with a warning. Null: collective multi-node requests wait "
+        "VOLT_LOCALITY_WAIT_S for one site; []: never wait. A level no single domain could ever hold is not "
+        "waited for.",
+    )
+
+    def validate_wait_for_locality(self, value):
+        if value is None:
+            return None
+        levels = [wait["level"] for wait in value]
+        if len(set(levels)) != len(levels):
+            raise serializers.ValidationError("Name each level once.")
+        return [{"level": wait["level"], "max_wait_s": wait["max_wait_s"]} for wait in value]
 
     def validate(self, attrs):
         user = self.context["request"].user
@@ -83,6 +108,8 @@ class ClusterSpecSerializer(serializers.Serializer):
     @staticmethod
     def spec(attrs) -> dict:
         spec = {k: v for k, v in attrs.items() if k != "team"}
+        if spec.get("wait_for_locality") is None:
+            spec.pop("wait_for_locality", None)  # the default applies (clusters/locality.py)
         if spec.get("max_price_per_gpu_hour") is not None:
             spec["max_price_per_gpu_hour"] = str(spec["max_price_per_gpu_hour"])
         return spec
