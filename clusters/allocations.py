@@ -14,6 +14,7 @@ under the team's quota row lock and the plan's host row locks:
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -54,6 +55,8 @@ def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
             create_allocations(cluster, plan)
             inventory.refresh_free_capacity(host_ids)
             _queue_provisioning(cluster.pk)
+            now = timezone.now()
+            duration_s = cluster.spec.get("duration_s")
             return transitions.transition(
                 cluster,
                 S.PROVISIONING,
@@ -61,7 +64,9 @@ def allocate(cluster: Cluster, plan: placement.Plan) -> Cluster:
                 extra={
                     "plan": planning.plan_as_json(plan),
                     "gpu_model": plan.model,
-                    "placed_at": timezone.now(),
+                    "placed_at": now,
+                    # A requested duration runs from placement: the GPUs are the team's from then on.
+                    "ends_at": now + timedelta(seconds=duration_s) if duration_s else None,
                     "predicted_busbw_gbps": plan.predicted_busbw_gbps,
                     "predicted_allreduce_s": plan.predicted_allreduce_s,
                     "price_per_hour": Decimal(str(round(plan.price_per_hour, 2))),

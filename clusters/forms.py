@@ -38,6 +38,12 @@ class ClusterForm(forms.Form):
         min_value=0, max_digits=8, decimal_places=2, required=False, label="Max $ / GPU-hour"
     )
     priority = forms.IntegerField(min_value=-100, max_value=100, initial=0)
+    duration = forms.CharField(
+        required=False,
+        label="Duration",
+        help_text="How long you need it, e.g. 4h or 2d: Volt warns before the end, then terminates it unless "
+        "you extend it. Empty: until you terminate it.",
+    )
     wait_for_locality = forms.CharField(
         required=False,
         label="Wait for locality",
@@ -60,9 +66,19 @@ class ClusterForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
 
+    def clean_duration(self):
+        text = (self.cleaned_data.get("duration") or "").strip()
+        if not text:
+            return None
+        try:
+            return locality.parse_duration(text, maximum=30 * 86400)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
     def to_payload(self) -> dict:
         """The API payload for this form's cleaned data."""
         data = dict(self.cleaned_data)
+        data["duration_s"] = data.pop("duration", None)
         data["interconnect"] = [data["interconnect"]] if data.get("interconnect") else []
         if not data["interconnect"]:
             data["interconnect_mode"] = ConstraintMode.ANY

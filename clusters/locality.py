@@ -148,8 +148,8 @@ def parse_wait(text: str) -> dict:
     return {"level": level, "max_wait_s": seconds}
 
 
-def parse_duration(text: str) -> int:
-    """`90s`, `30m`, `4h`, `2d` or a number of seconds → seconds; ValueError otherwise."""
+def parse_duration(text: str, maximum: int = MAX_WAIT_S) -> int:
+    """`90s`, `30m`, `4h`, `2d` or a number of seconds → seconds (at most `maximum`); ValueError otherwise."""
     text = text.strip().lower()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
@@ -157,6 +157,6 @@ def parse_duration(text: str) -> int:
         value = float(number)
     except ValueError:
         raise ValueError(f"{text!r} is not a duration: write 90s, 30m, 4h or 2d") from None
-    if not value > 0 or value * units[unit] > MAX_WAIT_S:
-        raise ValueError(f"{text!r}: a duration above 0 and at most 7d")
+    if not value > 0 or value * units[unit] > maximum:
+        raise ValueError(f"{text!r}: a duration above 0 and at most {maximum // 86400}d")
     return int(round(value * units[unit]))

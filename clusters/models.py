@@ -87,6 +87,12 @@ class Cluster(models.Model):
     placed_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField(
+        null=True, blank=True, help_text="Its requested duration runs out: placement + duration_s, extended."
+    )
+    end_warned_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the team was warned of ends_at (cleared by an extension)."
+    )
     updated_at = models.DateTimeField(auto_now=True)
     # Provisioning and hand-off (clusters/provision.py).
     ssh_public_key = models.TextField(

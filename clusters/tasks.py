@@ -1,6 +1,6 @@
 """Thin Celery tasks for clusters: load by id, call a service."""
 
-from clusters import provision, recovery, services
+from clusters import durations, provision, recovery, services
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster
 from clusters.telemetry import bandwidth_watch, metrics, watch
@@ -17,6 +17,12 @@ def place_cluster_task(cluster_id: int) -> str:
 def drain_queue_task() -> int:
     """Place queued clusters that now fit, in priority then FIFO order."""
     return services.drain_queue()
+
+
+@volt_task("placement", soft_time_limit=50, time_limit=60)
+def expire_clusters_task() -> dict:
+    """Clusters whose requested duration ends soon are warned; those past it are terminated."""
+    return durations.expire_clusters()
 
 
 @volt_task("placement", soft_time_limit=50, time_limit=60)

@@ -8,7 +8,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters import drills, live, planning, provision, recovery, services
+from clusters import drills, durations, live, planning, provision, recovery, services
 from clusters.api.serializers import ClusterSpecSerializer
 from clusters.choices import ClusterStatus
 from clusters.forms import ClusterForm
@@ -140,6 +140,8 @@ def cluster_detail(request, pk):
         "topology": _topology(cluster.plan, _placed_nodes(cluster)),
         "queue_position": services.queue_position(cluster),
         "can_terminate": cluster.status in services.LIVE,
+        "time_left": durations.time_left_s(cluster),
+        "extend_hours": EXTEND_HOURS,
         "cluster_live": cluster.status in services.LIVE,
         "connection": services.connection_details(cluster, request.user),
         "can_download_key": accounts.is_team_member(request.user, cluster.team),
@@ -240,4 +242,25 @@ def cluster_terminate(request, pk):
             messages.success(request, f"{cluster.name} cancelled; it held no GPUs.")
     except IllegalTransition as exc:
         messages.error(request, str(exc))
+    return redirect("clusters:detail", pk=pk)
+
+
+EXTEND_HOURS = (1, 2, 4, 8, 24)
+
+
+@login_required
+@require_POST
+def cluster_extend(request, pk):
+    """The page's "Extend" form: its end `hours` later (clusters/durations.py says who may)."""
+    cluster = get_object_or_404(Cluster.objects.visible_to(request.user).select_related("team"), pk=pk)
+    raw = request.POST.get("hours", "")
+    if not raw.isdigit() or int(raw) not in EXTEND_HOURS:
+        messages.error(request, f"Extend by one of {', '.join(map(str, EXTEND_HOURS))} hours.")
+        return redirect("clusters:detail", pk=pk)
+    try:
+        cluster = durations.extend(cluster, request.user, int(raw) * 3600)
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{cluster.name} now ends at {cluster.ends_at:%Y-%m-%d %H:%M} UTC.")
     return redirect("clusters:detail", pk=pk)

@@ -336,6 +336,12 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
     return wait(client, _get_cluster(client, args.id), args.wait_for or ("ready",), args.timeout)
 
 
+def cmd_extend(client: Client, args: argparse.Namespace) -> int:
+    with _not_found_says_which(args.id):
+        _emit(client.post(f"/clusters/{args.id}/extend/", {"seconds": args.by}))
+    return EXIT_OK
+
+
 def cmd_terminate(client: Client, args: argparse.Namespace) -> int:
     try:
         with _not_found_says_which(args.id):
@@ -395,6 +401,8 @@ def build_spec(args: argparse.Namespace) -> dict:
         "pipeline_stages": args.pipeline_stages,
     }
     spec |= {key: value for key, value in optional.items() if value is not None}
+    if args.duration:
+        spec["duration_s"] = args.duration
     if args.no_locality_wait:
         spec["wait_for_locality"] = []
     elif args.wait_for_locality:
@@ -493,6 +501,12 @@ def _spec_flags() -> argparse.ArgumentParser:
     add("--parallelism", help="data_parallel, tensor_pipeline, inference_replicas or independent")
     add("--pipeline-stages", type=int, metavar="N")
     add("--priority", type=int, help="-100..100; higher is placed first from the queue")
+    add(
+        "--duration",
+        type=duration_s,
+        metavar="DURATION",
+        help="how long you need it (4h, 2d): warned before the end, then terminated unless extended",
+    )
     waits = flags.add_mutually_exclusive_group()
     waits.add_argument(
         "--wait-for-locality",
@@ -901,6 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
     ending.add_argument(
         "--ok-if-ended", action="store_true", help="exit 0 if the cluster had already ended (cleanup steps)"
     )
+    extending = command("extend", cmd_extend, "move a cluster's end (its --duration) later, e.g. --by 2h")
+    extending.add_argument("id", type=_cluster_id)
+    extending.add_argument("--by", type=duration_s, required=True, metavar="DURATION", help="30m, 2h, 1d")
     _add_job_commands(resources, connection)
     add_goodput_command(resources, connection, emit=_emit)
     return parser

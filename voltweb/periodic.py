@@ -28,6 +28,11 @@ SCHEDULE = {
         "schedule": 30.0,
         "options": {"queue": "placement"},
     },
+    "expire-clusters": {  # requested durations: warn near the end, terminate at it
+        "task": "clusters.tasks.expire_clusters_task",
+        "schedule": 30.0,
+        "options": {"queue": "placement", "expires": 30.0},
+    },
     "reap-stuck-placing": {
         "task": "clusters.tasks.reap_stuck_placing",
         "schedule": 60.0,

@@ -311,6 +311,8 @@ VOLT_PROBE_TIMEOUT_S = env_float("VOLT_PROBE_TIMEOUT_S", 600.0, minimum=10.0, ma
 VOLT_PLACEMENT_PRICE_BAND = env_float("VOLT_PLACEMENT_PRICE_BAND", 0.0, minimum=0.0, maximum=1.0)
 # A collective multi-node request that names no `wait_for_locality` waits up to this long for one site
 # before it is placed across sites (clusters/locality.py); 0: never waits unless it asks to.
+# A cluster with a requested duration is warned (timeline, page) this long before it ends (clusters/durations.py).
+VOLT_DURATION_WARN_S = env_int("VOLT_DURATION_WARN_S", 600, minimum=0, maximum=24 * 3600)
 VOLT_LOCALITY_WAIT_S = env_int("VOLT_LOCALITY_WAIT_S", 1800, minimum=0, maximum=7 * 24 * 3600)
 # A cluster whose measured busbw is below this share of the prediction is flagged.
 VOLT_PROBE_MIN_FRACTION = env_float("VOLT_PROBE_MIN_FRACTION", 0.5, minimum=0.0, maximum=1.0)

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from clusters import locality, planning, recovery, services
+from clusters import durations, locality, planning, recovery, services
 from clusters.choices import ConstraintMode, FailureReason, ModelPolicy, Parallelism, TopologyLevel
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
@@ -84,6 +84,16 @@ class ClusterSpecSerializer(serializers.Serializer):
         "waited for.",
     )
 
+    duration_s = StrictIntegerField(
+        min_value=60,
+        max_value=durations.MAX_DURATION_S,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="How long the team needs it, from placement: Volt warns VOLT_DURATION_WARN_S before the end, "
+        "then terminates it unless extended (POST .../extend/). Null: until terminated.",
+    )
+
     def validate_wait_for_locality(self, value):
         if value is None:
             return None
@@ -110,9 +120,17 @@ class ClusterSpecSerializer(serializers.Serializer):
         spec = {k: v for k, v in attrs.items() if k != "team"}
         if spec.get("wait_for_locality") is None:
             spec.pop("wait_for_locality", None)  # the default applies (clusters/locality.py)
+        if spec.get("duration_s") is None:
+            spec.pop("duration_s", None)
         if spec.get("max_price_per_gpu_hour") is not None:
             spec["max_price_per_gpu_hour"] = str(spec["max_price_per_gpu_hour"])
         return spec
+
+
+class ExtendSerializer(serializers.Serializer):
+    seconds = StrictIntegerField(
+        min_value=60, max_value=durations.MAX_DURATION_S, help_text="How much later it ends, e.g. 3600."
+    )
 
 
 class ClusterNodeSerializer(serializers.ModelSerializer):
@@ -133,6 +151,7 @@ class ClusterSerializer(serializers.ModelSerializer):
     nodes = serializers.SerializerMethodField()
     connection = serializers.SerializerMethodField()
     recovery = serializers.SerializerMethodField()
+    time_left_s = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
@@ -142,11 +161,16 @@ class ClusterSerializer(serializers.ModelSerializer):
             "slow_hosts_replaced", "price_per_hour", "queue_position", "queue_reason", "failure_reason",
             "failure_message",
             "connection", "probe_result", "plan", "nodes", "created_at", "queued_at", "placed_at", "ready_at",
-            "ended_at",
+            "ended_at", "ends_at", "time_left_s",  # a requested duration (clusters/durations.py)
             "bandwidth_alert", "last_probe_at", "probe_interval_min",  # telemetry (clusters/telemetry/bandwidth_watch.py)
             "recovery_policy", "recovery",  # clusters/recovery.py
         ]  # fmt: skip
         read_only_fields = fields
+
+    def get_time_left_s(self, cluster) -> float | None:
+        """Seconds until its requested duration runs out (then Volt terminates it); null without one."""
+        left = durations.time_left_s(cluster)
+        return None if left is None else round(left, 1)
 
     def get_queue_position(self, cluster) -> int | None:
         return services.queue_position(cluster)

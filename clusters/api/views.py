@@ -7,7 +7,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from clusters import planning, services
+from clusters import durations, planning, services
 from clusters.api import serializers as s
 from clusters.models import Cluster
 from voltweb import services as accounts
@@ -55,6 +55,21 @@ class ClusterViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         cluster = self.get_object()
         cluster = services.terminate_cluster(cluster, request.user)
         return Response(s.ClusterSerializer(cluster).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=s.ExtendSerializer,
+        responses={200: s.ClusterSerializer, 400: ErrorResponseSerializer, 403: ErrorResponseSerializer,
+                   404: ErrorResponseSerializer, 409: ErrorResponseSerializer},
+    )  # fmt: skip
+    @action(detail=True, methods=["post"])
+    def extend(self, request, pk=None):
+        """Move a running cluster's end (its requested `duration_s`) `seconds` later: team members only,
+        recorded on its timeline; clears the end-of-duration warning. 409 for a cluster without a duration
+        or not running."""
+        body = s.ExtendSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        cluster = durations.extend(self.get_object(), request.user, body.validated_data["seconds"])
+        return Response(s.ClusterSerializer(cluster, context=self.get_serializer_context()).data)
 
     @extend_schema(
         responses={
