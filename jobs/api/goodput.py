@@ -98,7 +98,10 @@ def window(params) -> tuple[datetime, datetime]:
         raw = (params.get(name) or "").strip()
         if not raw:
             return default
-        moment = parse_datetime(raw)
+        try:
+            moment = parse_datetime(raw)
+        except ValueError:  # well formed, but no such time (month 13, hour 25)
+            moment = None
         if moment is None and (day := _date(raw)) is not None:
             moment = datetime.combine(day, time(), tzinfo=UTC)
         if moment is None:

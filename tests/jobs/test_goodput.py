@@ -180,7 +180,8 @@ def test_the_api_reports_a_teams_days_and_exports_csv_and_hides_other_teams(hist
 @pytest.mark.parametrize(
     "query, field",
     [("since=yesterday", "since"), ("since=2026-12-05&until=2026-12-01", "until"),
-     ("since=2025-01-01&until=2026-12-01", "until"), ("team=nobody", "team")],
+     ("since=2025-01-01&until=2026-12-01", "until"), ("since=2026-13-01T00:00", "since"),
+     ("until=2026-02-30", "until"), ("team=nobody", "team")],
 )  # fmt: skip
 def test_bad_windows_and_unknown_teams_are_refused_with_what_to_do(history, alice, client_for, query, field):
     response = client_for(alice).get(f"/api/v1/goodput/?{query}")
