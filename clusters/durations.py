@@ -66,10 +66,10 @@ def _warn(cluster: Cluster, now: datetime) -> int:
     )
     with transaction.atomic():
         if not Cluster.objects.filter(
-            pk=cluster.pk, end_warned_at__isnull=True, ends_at=cluster.ends_at
+            pk=cluster.pk, end_warned_at__isnull=True, ends_at=cluster.ends_at, status=cluster.status
         ).update(end_warned_at=now):
-            return 0  # extended, or another beat warned first
-        transitions.note(cluster, message)
+            return 0  # extended, ending, or another beat warned first
+        transitions.note(cluster, message, status=cluster.status)
     event = {"kind": "duration", "ends_at": cluster.ends_at.isoformat(), "warning": message}
     transaction.on_commit(lambda: realtime.broadcast(f"cluster-{cluster.pk}", event))
     return 1
@@ -114,7 +114,9 @@ def extend(cluster: Cluster, user: AbstractBaseUser, seconds: int) -> Cluster:
             raise CannotExtend(f"{fresh.name} is {fresh.status}: only a running cluster is extended.")
         if fresh.ends_at is None:
             raise CannotExtend(f"{fresh.name} has no requested duration: it runs until terminated.")
-        fresh.ends_at += timedelta(seconds=seconds)
+        # From now at the earliest: an end already past (its termination pending) is not "extended" into
+        # another past time.
+        fresh.ends_at = max(fresh.ends_at, timezone.now()) + timedelta(seconds=seconds)
         fresh.end_warned_at = None
         fresh.save(update_fields=["ends_at", "end_warned_at", "updated_at"])
         transitions.note(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.cache import cache
@@ -84,9 +85,13 @@ def narrowed(request: PlacementRequest, wait: Wait) -> PlacementRequest:
 def could_ever_hold(request: PlacementRequest, level: str) -> bool:
     """Whether one domain of `level` has enough hosts (whatever their state, short of gone; free or not)
     able to give a node of the request: capacity, not occupancy."""
+    kinds = (
+        sorted(request.interconnect_kinds()) if request.interconnect_mode == ConstraintMode.REQUIRED else []
+    )
     key = (
         f"clusters:locality:{inventory.capacity_version()}:{level}:{request.gpus_per_node}:"
-        f"{','.join(sorted(request.models))}:{','.join(sorted(request.regions))}"
+        f"{','.join(sorted(request.models))}:{','.join(sorted(request.regions))}:{','.join(kinds)}:"
+        f"{request.max_price_per_gpu_hour}"
     )
     largest = cache.get(key)
     if largest is None:
@@ -103,8 +108,14 @@ def _largest_domain(request: PlacementRequest, level: str) -> int:
         .annotate(node_size=node_size)
         .filter(node_size__gte=request.gpus_per_node)
     )
+    # The hard filters placement applies (clusters/planning.py _hard_filters): hosts a plan could never use
+    # make no domain worth waiting for.
     if request.regions:
         hosts = hosts.filter(site__region__in=request.regions)
+    if request.interconnect_mode == ConstraintMode.REQUIRED and request.interconnect:
+        hosts = hosts.filter(fabric__kind__in=request.interconnect_kinds())
+    if request.max_price_per_gpu_hour is not None:
+        hosts = hosts.filter(price_per_gpu_hour__lte=Decimal(str(request.max_price_per_gpu_hour)))
     counts = hosts.values(DOMAIN_FIELD[level]).annotate(n=Count("id")).values_list("n", flat=True)
     return max(counts, default=0)
 
@@ -124,9 +135,15 @@ def _rank(level: str | None) -> int:
     return -1 if level == "host" else len(LEVELS)
 
 
-def waited_warning(spec: dict, request: PlacementRequest, spanned_level: str | None) -> str:
-    """The plan's warning when a request that waited for locality was placed wider after its bound."""
-    waits = waits_of(spec, request)
+def waited_warning(
+    spec: dict, request: PlacementRequest, spanned_level: str | None, requested_at: datetime, now: datetime
+) -> str:
+    """The plan's warning when a request that waited for locality was placed wider after its bound (not
+    when it never waited: a level no domain could ever hold, or a bound not reached)."""
+    waits = [
+        w for w in waits_of(spec, request)
+        if now >= requested_at + timedelta(seconds=int(w["max_wait_s"])) and could_ever_hold(request, w["level"])
+    ]  # fmt: skip
     if not waits or request.nodes < 2:
         return ""
     wanted = waits[-1]  # the loosest level it waited for

@@ -161,7 +161,9 @@ def _plan_within_locality(cluster: Cluster, request: placement.PlacementRequest)
         return result
     result = planning.plan_request(request, cluster.team_id)
     if isinstance(result, placement.Plan):
-        warning = locality.waited_warning(cluster.spec, request, result.spanned_level)
+        warning = locality.waited_warning(
+            cluster.spec, request, result.spanned_level, cluster.created_at, timezone.now()
+        )
         if warning:
             result = replace(result, explanation=(*result.explanation, placement.WARNING_PREFIX + warning))
     return result

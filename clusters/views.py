@@ -254,7 +254,7 @@ def cluster_extend(request, pk):
     """The page's "Extend" form: its end `hours` later (clusters/durations.py says who may)."""
     cluster = get_object_or_404(Cluster.objects.visible_to(request.user).select_related("team"), pk=pk)
     raw = request.POST.get("hours", "")
-    if not raw.isdigit() or int(raw) not in EXTEND_HOURS:
+    if raw not in {str(hours) for hours in EXTEND_HOURS}:
         messages.error(request, f"Extend by one of {', '.join(map(str, EXTEND_HOURS))} hours.")
         return redirect("clusters:detail", pk=pk)
     try:

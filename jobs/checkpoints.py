@@ -92,7 +92,7 @@ def rescan_checkpoints(job: Job) -> list[Checkpoint]:
                 "synchronized": bool(entry.get("synchronized")),
                 "reason": str(entry.get("reason") or "")[:1000],
                 "world_size": entry.get("world_size") if isinstance(entry.get("world_size"), int) else None,
-                "save_s": save_s if save_s is not None and save_s >= 0 else None,
+                "save_s": save_s if save_s is not None and 0 <= save_s <= 7 * 86400 else None,
             },
         )
     job.checkpoints.exclude(path__in=seen).update(synchronized=False, reason="no longer on shared storage")

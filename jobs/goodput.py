@@ -37,6 +37,7 @@ CATEGORIES = (
     "idle", "teardown",
 )  # fmt: skip
 US = timedelta(microseconds=1)
+MAX_SAVE_S = 7 * 86400  # a checkpoint save said to last longer is not believed (the manifest is the job's)
 US_PER_HOUR = 3_600_000_000
 # What a cluster's status makes of its time, before its jobs are laid over its READY spans.
 CLUSTER_CATEGORY = {
@@ -130,7 +131,7 @@ def job_segments(job: Job, now: datetime | None = None, resumed_rows: list | Non
     end = job_end(job, now)
     if end <= job.created_at:
         return []
-    changes = [(e.at, e.to_status) for e in job.events.all() if e.to_status]
+    changes = [(e.at, e.to_status) for e in job.events.all() if e.to_status and e.to_status != e.from_status]
     terminal = {JobStatus.SUCCEEDED, JobStatus.STOPPED, JobStatus.FAILED}
     spans = status_spans(job.created_at, end, JobStatus.PENDING, changes, terminal)
     if resumed_rows is None:
@@ -161,7 +162,7 @@ def job_segments(job: Job, now: datetime | None = None, resumed_rows: list | Non
             base.append(Segment(a, b, "recovery"))
     # Checkpoint saves: [manifest time - save duration, manifest time].
     for c in checkpoints:
-        if c.save_s:
+        if c.save_s and 0 < c.save_s <= MAX_SAVE_S:  # the manifest is the workload's to write: bounded
             layers.append(Segment(c.created - timedelta(seconds=c.save_s), c.created, "checkpoint_save"))
     # Lost work: an interrupted attempt's training after the checkpoint the next attempt resumed from.
     for k, windows in running.items():
@@ -205,7 +206,11 @@ def cluster_segments(
     end = cluster_end(cluster, now)
     if end <= cluster.created_at:
         return []
-    changes = [(e.at, e.to_status) for e in cluster.events.all() if e.to_status]
+    # A note (an audit line, a warning) repeats the status it was written in: not a change, and perhaps
+    # stale (written from a row read before the status moved).
+    changes = [
+        (e.at, e.to_status) for e in cluster.events.all() if e.to_status and e.to_status != e.from_status
+    ]
     terminal = {ClusterStatus.TERMINATED, ClusterStatus.FAILED}
     spans = status_spans(cluster.created_at, end, ClusterStatus.PENDING, changes, terminal)
     base = [Segment(a, b, CLUSTER_CATEGORY.get(status, "idle")) for a, b, status in spans]
@@ -331,10 +336,10 @@ def by_day(
             for day, piece in day_pieces(segment, since, until):
                 team_day = teams[cluster.team.slug][day]
                 team_day["seconds"][piece.category] += piece.us
-                for provider, held in gpu_us(piece, windows).items():
-                    team_day["gpu_hours"][piece.category] += held
-                    team_day["by_provider"][provider][piece.category] += held
-                    providers[provider][day]["gpu_hours"][piece.category] += held
+                for provider, gpu_time in gpu_us(piece, windows).items():
+                    team_day["gpu_hours"][piece.category] += gpu_time
+                    team_day["by_provider"][provider][piece.category] += gpu_time
+                    providers[provider][day]["gpu_hours"][piece.category] += gpu_time
     return {
         "since": since.isoformat(),
         "until": until.isoformat(),

@@ -791,8 +791,8 @@ def duration_s(text: str) -> int:
         value = float(number) * UNITS[unit]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 90s, 30m, 4h or 2d") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than 0")
+    if not 0 < value <= 366 * 86400:  # NaN and inf fail here too
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration above 0 and at most 366d")
     return int(round(value))
 
 

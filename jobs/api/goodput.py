@@ -104,7 +104,7 @@ def window(params) -> tuple[datetime, datetime]:
             moment = None
         if moment is None and (day := _date(raw)) is not None:
             moment = datetime.combine(day, time(), tzinfo=UTC)
-        if moment is None:
+        if moment is None or not 2000 <= moment.year <= 9000:
             raise ValidationError({name: [f"Give a date (2026-12-01) or an ISO time, not {raw[:30]!r}."]})
         return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 

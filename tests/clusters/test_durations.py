@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from clusters import durations
 from clusters.models import Cluster
@@ -106,8 +107,9 @@ def test_the_page_shows_the_end_and_a_team_member_extends_it(timed, alice, clien
     timed.refresh_from_db()
     assert f"{timed.name} now ends at {timed.ends_at:%Y-%m-%d %H:%M} UTC." in response.content.decode()
     assert timed.ends_at == timed.placed_at + timedelta(hours=6)
-    refused = client.post(f"/clusters/{timed.pk}/extend/", {"hours": "3"}, follow=True).content.decode()
-    assert "Extend by one of 1, 2, 4, 8, 24 hours." in refused
+    for hours in ("3", "²", ""):  # "²".isdigit() is true, int("²") raised: a 500 before
+        refused = client.post(f"/clusters/{timed.pk}/extend/", {"hours": hours}, follow=True).content.decode()
+        assert "Extend by one of 1, 2, 4, 8, 24 hours." in refused
 
 
 def test_the_form_and_the_cli_send_a_duration(client, alice, committed, rack):
@@ -126,3 +128,17 @@ def test_the_form_and_the_cli_send_a_duration(client, alice, committed, rack):
     assert cli.build_spec(args)["duration_s"] == 14400
     args = cli.build_parser().parse_args(["clusters", "extend", "7", "--by", "2h"])
     assert (args.id, args.by) == (7, 7200)
+    for bad in ("inf", "nan", "1e999"):  # int(round(inf)) was a traceback
+        assert cli.main(["clusters", "extend", "7", "--by", bad]) == 1
+
+
+def test_an_end_already_past_is_extended_from_now_and_a_cluster_ending_meanwhile_is_not_warned(timed, alice):
+    past = timed.ends_at - timedelta(hours=5)
+    Cluster.objects.filter(pk=timed.pk).update(ends_at=past)
+    timed.refresh_from_db()
+    before = timezone.now()
+    extended = durations.extend(timed, alice, 3600)
+    assert extended.ends_at >= before + timedelta(hours=1)
+    stale = Cluster.objects.get(pk=timed.pk)  # read as provisioning, then it moves on
+    Cluster.objects.filter(pk=timed.pk).update(status="terminating")
+    assert durations._warn(stale, extended.ends_at - timedelta(minutes=5)) == 0

@@ -90,6 +90,17 @@ def test_a_locality_bound_that_expires_places_across_sites_with_the_warning(
 def test_a_request_no_site_could_ever_hold_never_waits(alice, client_for, committed, two_sites):
     cluster = request(client_for(alice), committed, nodes=4, wait_for_locality=WAIT)  # iad1 has 3 hosts
     assert cluster.status == "provisioning" and sites_of(cluster) == {"iad1", "ams1"}
+    assert not any("waited" in w for w in cluster.plan["warnings"])  # it never waited
+
+
+def test_a_site_without_the_required_interconnect_is_not_waited_for(
+    alice, client_for, committed, busy_iad1_host
+):
+    """iad1 (InfiniBand) could hold 3 nodes, but none on RoCE: a request requiring RoCE has no site to wait
+    for, and fails to fit now (ams1 has 2 RoCE hosts) without a locality wait."""
+    cluster = request(client_for(alice), committed, nodes=3, wait_for_locality=WAIT, interconnect=["roce"],
+                      interconnect_mode="required")  # fmt: skip
+    assert cluster.status == "queued" and not cluster.queue_reason.startswith("waiting for one")
 
 
 def test_collective_requests_wait_by_default_and_independent_tasks_or_an_empty_wait_do_not(

@@ -181,7 +181,7 @@ def test_the_api_reports_a_teams_days_and_exports_csv_and_hides_other_teams(hist
     "query, field",
     [("since=yesterday", "since"), ("since=2026-12-05&until=2026-12-01", "until"),
      ("since=2025-01-01&until=2026-12-01", "until"), ("since=2026-13-01T00:00", "since"),
-     ("until=2026-02-30", "until"), ("team=nobody", "team")],
+     ("until=2026-02-30", "until"), ("since=0001-01-01T00:00:00%2B01:00&until=0001-01-03", "since"), ("team=nobody", "team")],
 )  # fmt: skip
 def test_bad_windows_and_unknown_teams_are_refused_with_what_to_do(history, alice, client_for, query, field):
     response = client_for(alice).get(f"/api/v1/goodput/?{query}")
@@ -239,3 +239,38 @@ def test_volt_goodput_prints_the_teams_table_the_csv_and_one_jobs_ledger(history
         assert json.loads(capsys.readouterr().out)["seconds"]["recovery"] == 290.0
         assert cli.main(["goodput", "--since", "soon"]) == 1
         assert "since: Give a date" in capsys.readouterr().err
+
+
+def test_two_clusters_holding_gpus_add_up_by_day_and_a_stale_note_changes_no_status(
+    history, team_a, alice, make_host
+):
+    """Two clusters with GPUs in one window crashed the roll-up (a loop variable shadowed the allocations);
+    a note that repeats a stale status turned teardown into idle."""
+    cluster, _ = history
+    ClusterEvent.objects.create(
+        cluster=cluster, at=at(5030), from_status="ready", to_status="ready", message="late"
+    )
+    host = make_host(cluster.nodes.first().host.block, gpus=8)
+    other = Cluster.objects.create(
+        team=team_a, created_by=alice, name="other", status="terminated", created_at=at(0),
+        spec={"nodes": 1, "gpus_per_node": 8, "gpu_models": ["H100"]}, ended_at=at(3600),
+    )  # fmt: skip
+    ClusterEvent.objects.create(cluster=other, at=at(0), from_status="pending", to_status="provisioning")
+    ClusterEvent.objects.create(
+        cluster=other, at=at(3600), from_status="provisioning", to_status="terminated"
+    )
+    node = ClusterNode.objects.create(cluster=other, host=host, rank=0, is_head=True)
+    for gpu in host.gpus.all():
+        Allocation.objects.create(
+            cluster=other, node=node, gpu=gpu, active=False, allocated_at=at(0), released_at=at(3600)
+        )
+    report = goodput.by_day(Cluster.objects.all(), since=at(-3600), until=at(86400))
+    (team,) = report["teams"]
+    assert sum(team["totals"]["gpu_hours"].values()) == pytest.approx(16 * 4960 / 3600 + 8.0, abs=1e-5)
+    assert goodput.cluster_ledger(cluster)["seconds"]["teardown"] == 60.0
+
+
+def test_a_checkpoint_that_claims_an_absurd_save_time_is_not_believed(history):
+    _, job = history
+    Checkpoint.objects.filter(job=job, step=1000).update(save_s=1e12)  # the manifest is the job's to write
+    assert goodput.job_ledger(job)["seconds"]["checkpoint_save"] == 11.0  # 5 + 6: the absurd one left out
