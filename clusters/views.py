@@ -253,6 +253,8 @@ EXTEND_HOURS = (1, 2, 4, 8, 24)
 def cluster_extend(request, pk):
     """The page's "Extend" form: its end `hours` later (clusters/durations.py says who may)."""
     cluster = get_object_or_404(Cluster.objects.visible_to(request.user).select_related("team"), pk=pk)
+    if not accounts.is_team_member(request.user, cluster.team):  # platform admins see it, do not extend it
+        raise PermissionDenied(f"Only members of {cluster.team.name} extend its clusters.")
     raw = request.POST.get("hours", "")
     if raw not in {str(hours) for hours in EXTEND_HOURS}:
         messages.error(request, f"Extend by one of {', '.join(map(str, EXTEND_HOURS))} hours.")

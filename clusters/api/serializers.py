@@ -73,8 +73,10 @@ class ClusterSpecSerializer(serializers.Serializer):
     )
     parallelism = serializers.ChoiceField(choices=Parallelism.choices, default=Parallelism.DATA_PARALLEL)
     pipeline_stages = StrictIntegerField(min_value=0, max_value=1024, default=0)
-    wait_for_locality = LocalityWaitSerializer(
-        many=True,
+    # A list of objects, each one required (not null): ListField over the object serializer, where
+    # many=True would pass allow_null on to each item too.
+    wait_for_locality = serializers.ListField(
+        child=LocalityWaitSerializer(),
         required=False,
         allow_null=True,
         default=None,

@@ -20,6 +20,7 @@ from rest_framework import renderers, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from clusters.models import Cluster
 from jobs import goodput
@@ -138,24 +139,22 @@ def goodput_csv(report: dict) -> str:
     return out.getvalue()
 
 
-class GoodputViewSet(viewsets.GenericViewSet):
-    """Where your teams' clusters' time went (platform admins: every team's), by day."""
+class GoodputView(APIView):
+    """Where your teams' clusters' time went (platform admins: every team's), by day. (An APIView, not a
+    viewset's `list`: the answer is one report, not a collection, and the schema says so.)"""
 
-    queryset = Cluster.objects.none()
-    serializer_class = GoodputSerializer
     renderer_classes = [renderers.JSONRenderer, renderers.BrowsableAPIRenderer, CSVRenderer]
-    pagination_class = None
 
     @extend_schema(
         parameters=[
             OpenApiParameter("team", str, description="A team's slug (default: every team of yours)."),
             OpenApiParameter("since", str, description=f"Date or ISO time (default: {DEFAULT_DAYS} days ago)."),
             OpenApiParameter("until", str, description=f"Date or ISO time (default: now); at most {MAX_DAYS} days."),
-            OpenApiParameter("format", str, description="`csv`: day, team, provider, category, gpu_hours rows."),
+            OpenApiParameter("format", str, enum=["json", "csv"], description="`csv`: day, team, provider, category, gpu_hours rows."),
         ],
         responses={200: GoodputSerializer, **ERRORS},
     )  # fmt: skip
-    def list(self, request):
+    def get(self, request):
         """Per team and per provider, per UTC day: cluster-seconds and GPU-hours split into productive,
         queued, provisioning, verification, checkpoint_save, recovery, lost_work, idle and teardown — from
         the recorded timelines, not estimated."""
@@ -178,6 +177,14 @@ class GoodputViewSet(viewsets.GenericViewSet):
             for day in team["days"]:
                 day.pop("gpu_hours_by_provider", None)
         return Response(report)
+
+
+class GoodputClusterViewSet(viewsets.GenericViewSet):
+    """One cluster's ledger: `/api/v1/goodput/clusters/{id}/`."""
+
+    queryset = Cluster.objects.none()
+    serializer_class = LedgerSerializer
+    pagination_class = None
 
     @extend_schema(responses={200: LedgerSerializer, **ERRORS})
     @action(detail=False, methods=["get"], url_path=r"clusters/(?P<cluster_id>\d+)")

@@ -99,7 +99,7 @@ def test_a_duration_out_of_range_is_refused_on_the_field(alice, client_for, rack
     assert response.status_code == 400 and "duration_s" in response.json()["error"]["fields"]
 
 
-def test_the_page_shows_the_end_and_a_team_member_extends_it(timed, alice, client):
+def test_the_page_shows_the_end_and_a_team_member_extends_it(timed, alice, root, client):
     client.force_login(alice)
     page = client.get(f"/clusters/{timed.pk}/").content.decode()
     assert 'id="cluster-ends"' in page and "(in 4h)" in page
@@ -107,6 +107,10 @@ def test_the_page_shows_the_end_and_a_team_member_extends_it(timed, alice, clien
     timed.refresh_from_db()
     assert f"{timed.name} now ends at {timed.ends_at:%Y-%m-%d %H:%M} UTC." in response.content.decode()
     assert timed.ends_at == timed.placed_at + timedelta(hours=6)
+    root.is_staff = True  # a platform admin sees the cluster but is not of its team
+    client.force_login(root)
+    assert client.post(f"/clusters/{timed.pk}/extend/", {"hours": "1"}).status_code == 403
+    client.force_login(alice)
     for hours in ("3", "²", ""):  # "²".isdigit() is true, int("²") raised: a 500 before
         refused = client.post(f"/clusters/{timed.pk}/extend/", {"hours": hours}, follow=True).content.decode()
         assert "Extend by one of 1, 2, 4, 8, 24 hours." in refused

@@ -97,6 +97,8 @@ ROUTES: dict[str, Rule] = {
     ),
     "clusters:detail": R("cluster"),
     "clusters:terminate": R("cluster", methods=("POST",)),
+    # Extending a cluster's duration commits the team's GPUs: team members only, as its key.
+    "clusters:extend": R("cluster_secret", methods=("POST",), body={"hours": "1"}),
     "clusters:probe": R("cluster", methods=("POST",)),
     "clusters:drill": R("cluster_admin", methods=("POST",), body={"drill": "kill_processes", "rank": 0}),
     "clusters:overview": R("page"),
@@ -192,6 +194,9 @@ ROUTES: dict[str, Rule] = {
     "api:cluster-telemetry-probe": R("cluster"),
     "api:cluster-telemetry-probe-settings": R("cluster", body={"probe_interval_min": 10}),
     "api:cluster-terminate": R("cluster"),
+    "api:cluster-extend": R("cluster_secret", body={"seconds": 3600}),
+    "api:goodput-list": R("page"),  # anyone signed in: their teams' clusters only
+    "api:goodput-cluster": R("cluster"),
     "api:cluster-recovery-recoveries": R("cluster"),
     "api:cluster-recovery-drills": R("cluster_admin", body={"drill": "kill_processes", "rank": 0}),
     "api:cluster-recovery-recovery-policy": R("cluster_admin", body={"recovery_policy": "shrink"}),
@@ -203,6 +208,7 @@ ROUTES: dict[str, Rule] = {
     "api:job-stop": R("job"),
     "api:job-checkpoints": R("job"),
     "api:job-events": R("job"),
+    "api:job-goodput": R("job"),
 }
 
 # Websocket routes (voltweb.routing): the route's path -> target.
