@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -812,7 +812,7 @@ def _whole_number(value: str) -> int:
     return int(value)
 
 
-def add_goodput_command(resources, connection, *, emit: Callable[[Any], None]) -> None:
+def add_goodput_command(resources, connection) -> None:
     sub = resources.add_parser(
         "goodput",
         help="where your teams' GPU time went: productive, queued, recovery, lost work, idle ...",
@@ -828,16 +828,16 @@ def add_goodput_command(resources, connection, *, emit: Callable[[Any], None]) -
     out = sub.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="the API's JSON")
     out.add_argument("--csv", action="store_true", help="day,team,provider,category,gpu_hours rows")
-    sub.set_defaults(handler=lambda client, args: cmd_goodput(client, args, emit))
+    sub.set_defaults(handler=cmd_goodput)
 
 
-def cmd_goodput(client, args: argparse.Namespace, emit: Callable[[Any], None]) -> int:
+def cmd_goodput(client: Client, args: argparse.Namespace) -> int:
     window = {"team": args.team, "since": args.since, "until": args.until}
     if args.cluster or args.job:
         path = f"/goodput/clusters/{args.cluster}/" if args.cluster else f"/jobs/{args.job}/goodput/"
         ledger = client.get(path)
         if args.json or args.csv:
-            emit(ledger)
+            _emit(ledger)
             return 0
         what = f"cluster {args.cluster}" if args.cluster else f"job {args.job}"
         sys.stdout.write(f"{what}: {ledger['wall_s'] / 3600:.2f} h wall-clock, from {ledger['start']}\n")
@@ -848,7 +848,7 @@ def cmd_goodput(client, args: argparse.Namespace, emit: Callable[[Any], None]) -
         return 0
     report = client.get("/goodput/", window)
     if args.json:
-        emit(report)
+        _emit(report)
         return 0
     sys.stdout.write(f"{report['since'][:10]} to {report['until'][:19]}: {report['clusters']} clusters\n")
     for team in report["teams"]:
@@ -919,7 +919,7 @@ def build_parser() -> argparse.ArgumentParser:
     extending.add_argument("id", type=_cluster_id)
     extending.add_argument("--by", type=duration_s, required=True, metavar="DURATION", help="30m, 2h, 1d")
     _add_job_commands(resources, connection)
-    add_goodput_command(resources, connection, emit=_emit)
+    add_goodput_command(resources, connection)
     return parser
 
 
