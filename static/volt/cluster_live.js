@@ -146,6 +146,7 @@
       const parts = Array.from(fresh.children).filter((el) => el.tagName !== "SCRIPT")
         .map((el) => (el.id === "cluster-live" ? root : document.adoptNode(el)));
       main.replaceChildren(...parts);
+      if (window.drawGoodput) drawGoodput(0);  // the goodput section came in fresh, chart not drawn (volt.js)
     });
   }
 

@@ -53,3 +53,22 @@ document.addEventListener("change", (event) => {
   const form = event.target.form;
   if (form && form.querySelector("[data-shown-when]")) showChosenFieldsets(form);
 });
+
+// Goodput charts (jobs/templatetags/goodput.py): every element with data-goodput="<json_script id>" gets
+// its Plotly chart, here for the reason above (a swapped-in page's inline script would not run). After a
+// swap Plotly's own script may still be loading: look again for a few seconds.
+function drawGoodput(tries) {
+  const pending = Array.from(document.querySelectorAll("[data-goodput]")).filter((el) => !el.dataset.drawn);
+  if (!pending.length) return;
+  if (!window.Plotly) {
+    if (tries < 50) setTimeout(() => drawGoodput(tries + 1), 100);
+    return;
+  }
+  pending.forEach((el) => {
+    const spec = JSON.parse(document.getElementById(el.dataset.goodput).textContent);
+    Plotly.newPlot(el, spec.data, spec.layout, {displayModeBar: false, responsive: true});
+    el.dataset.drawn = "1";
+  });
+}
+document.addEventListener("DOMContentLoaded", () => drawGoodput(0));
+document.addEventListener("htmx:afterSettle", () => drawGoodput(0));

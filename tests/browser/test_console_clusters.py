@@ -46,6 +46,8 @@ def test_researcher_previews_requests_and_terminates_a_cluster(login, screenshot
     expect(page.locator("#cluster-status")).to_have_text("Provisioning", timeout=30_000)
     expect(page.locator(".topology .topo-node")).to_have_count(2)
     expect(page.locator("#cluster-timeline")).to_contain_text("placing → provisioning")
+    # The goodput bar is drawn on a page the request form swapped in (an inline script would not run).
+    expect(page.locator("#cluster-goodput-chart .main-svg").first).to_be_visible(timeout=10_000)
     screenshot(page, "cluster-placed")
 
     page.once("dialog", lambda dialog: dialog.accept())
@@ -53,3 +55,5 @@ def test_researcher_previews_requests_and_terminates_a_cluster(login, screenshot
     expect(page.locator("#cluster-status")).to_have_text("Terminated", timeout=30_000)
     # The timeline keeps what happened (a flash message may already be gone if the page refreshed).
     expect(page.locator("#cluster-timeline")).to_contain_text("Ray processes stopped and GPUs released")
+    # ... and again after the live page swapped its server-rendered parts in for the new status.
+    expect(page.locator("#cluster-goodput-chart .main-svg").first).to_be_visible(timeout=10_000)
