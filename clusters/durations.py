@@ -13,7 +13,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from clusters import services, transitions
+from clusters import reservations, services, transitions
 from clusters.choices import HOLDS_GPUS, ClusterStatus
 from clusters.models import Cluster
 from voltweb import realtime
@@ -116,7 +116,16 @@ def extend(cluster: Cluster, user: AbstractBaseUser, seconds: int) -> Cluster:
             raise CannotExtend(f"{fresh.name} has no requested duration: it runs until terminated.")
         # From now at the earliest: an end already past (its termination pending) is not "extended" into
         # another past time.
-        fresh.ends_at = max(fresh.ends_at, timezone.now()) + timedelta(seconds=seconds)
+        new_end = max(fresh.ends_at, timezone.now()) + timedelta(seconds=seconds)
+        window = reservations.conflicts_with_extension(fresh, new_end)
+        if window is not None:  # its hosts are promised to a request ahead in the queue from then
+            most = max(0, int((window.start - fresh.ends_at).total_seconds()))
+            raise CannotExtend(
+                f"{fresh.name}'s hosts are reserved for queued cluster #{window.cluster_id} from "
+                f"{window.start:%Y-%m-%d %H:%M} UTC (its start bound): extend by at most {describe(most)}, "
+                "or end this one and request again."
+            )
+        fresh.ends_at = new_end
         fresh.end_warned_at = None
         fresh.save(update_fields=["ends_at", "end_warned_at", "updated_at"])
         transitions.note(

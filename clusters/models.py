@@ -93,6 +93,19 @@ class Cluster(models.Model):
     end_warned_at = models.DateTimeField(
         null=True, blank=True, help_text="When the team was warned of ends_at (cleared by an extension)."
     )
+    # The queue's reservation (clusters/reservations.py): its start bound and the hosts held for it.
+    reserved_from = models.DateTimeField(
+        null=True, blank=True, help_text="While queued: the start bound, the earliest time it can start."
+    )
+    reserved_until = models.DateTimeField(
+        null=True, blank=True, help_text="The reservation's end: reserved_from + duration_s (none without)."
+    )
+    reserved_hosts = models.JSONField(
+        default=list, blank=True, help_text="Host ids held for the reservation."
+    )
+    start_bound_note = models.CharField(
+        max_length=300, blank=True, help_text="While queued without a start bound: why there is none."
+    )
     updated_at = models.DateTimeField(auto_now=True)
     # Provisioning and hand-off (clusters/provision.py).
     ssh_public_key = models.TextField(

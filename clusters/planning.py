@@ -420,19 +420,36 @@ def candidate_inventory(
 
 
 def plan_request(
-    request: placement.PlacementRequest, team_id: int | None = None
+    request: placement.PlacementRequest, team_id: int | None = None, avoid_hosts: frozenset[str] = frozenset()
 ) -> placement.Plan | placement.Refusal:
+    """Plan `request` over free capacity (for team `team_id`), leaving out `avoid_hosts` (host ids held for
+    queued requests' reservations: clusters/reservations.py)."""
     measured = measured_bandwidth()
     try:
-        narrow = candidate_inventory(request, team_id=team_id)
+        narrow = _without(candidate_inventory(request, team_id=team_id), avoid_hosts)
         band = django_settings.VOLT_PLACEMENT_PRICE_BAND
         result = placement.plan(request, narrow, measured, validate_inventory=False, price_band=band)
         if isinstance(result, placement.Refusal):  # rare: look again with every host to explain why
-            wide = candidate_inventory(request, narrow=False, team_id=team_id)
+            wide = _without(candidate_inventory(request, narrow=False, team_id=team_id), avoid_hosts)
             result = placement.plan(request, wide, measured, validate_inventory=False, price_band=band)
     except placement.InvalidRequest as exc:
         raise InvalidSpec(exc.problems) from None
     return _explain_other_teams(request, team_id, result)
+
+
+def _without(index: placement.Inventory, avoid_hosts: frozenset[str]) -> placement.Inventory:
+    if not avoid_hosts or not avoid_hosts & index.hosts.keys():
+        return index  # the cached index, untouched
+    return placement.Inventory(h for h in index.hosts.values() if h.host_id not in avoid_hosts)
+
+
+def schedulable_snapshots(request: placement.PlacementRequest) -> list[placement.HostSnapshot]:
+    """Snapshots of every offerable host that could give a node of `request` once its GPUs are free,
+    whatever they hold now (the hard filters applied): what a reservation plans over."""
+    hosts = inventory.offerable_hosts().filter(
+        gpu_model__in=request.models, gpu_count__gte=request.gpus_per_node
+    )
+    return snapshots_of(_hard_filters(hosts, request))
 
 
 def _explain_other_teams(

@@ -28,6 +28,7 @@ from clusters import (
     provision,
     quotas,
     recovery,
+    reservations,
     tenancy,
     transitions,
 )
@@ -152,14 +153,19 @@ def _plan_within_locality(cluster: Cluster, request: placement.PlacementRequest)
     """plan_request, with the request's locality wait applied while it holds (clusters/locality.py): the
     wait's level required, and a refusal saying what it waits for and until when. Past the bound, the
     request as written, and a plan wider than it waited for carries the warning."""
-    wait = locality.current_wait(cluster.spec, request, cluster.created_at, timezone.now())
+    now = timezone.now()
+    avoid, windows = reservations.avoid_for(cluster, now)  # hosts reserved for requests ahead
+    wait = locality.current_wait(cluster.spec, request, cluster.created_at, now)
     if wait is not None:
-        result = planning.plan_request(locality.narrowed(request, wait), cluster.team_id)
+        result = planning.plan_request(locality.narrowed(request, wait), cluster.team_id, avoid)
         if isinstance(result, placement.Refusal):
+            result = _name_reservations(result, windows, cluster)
             reasons = "; ".join(result.reasons) or "no capacity"
             return placement.Refusal((locality.waiting_reason(wait, reasons),), result.explanation)
         return result
-    result = planning.plan_request(request, cluster.team_id)
+    result = planning.plan_request(request, cluster.team_id, avoid)
+    if isinstance(result, placement.Refusal):
+        return _name_reservations(result, windows, cluster)
     if isinstance(result, placement.Plan):
         warning = locality.waited_warning(
             cluster.spec, request, result.spanned_level, cluster.created_at, timezone.now()
@@ -167,6 +173,14 @@ def _plan_within_locality(cluster: Cluster, request: placement.PlacementRequest)
         if warning:
             result = replace(result, explanation=(*result.explanation, placement.WARNING_PREFIX + warning))
     return result
+
+
+def _name_reservations(refusal: placement.Refusal, windows, cluster: Cluster) -> placement.Refusal:
+    """A refusal that had to leave reserved hosts alone says so (and why: its duration, or none)."""
+    if not windows:
+        return refusal
+    line = reservations.avoided_line(windows, reservations.duration_of(cluster.spec))
+    return replace(refusal, reasons=(*refusal.reasons, line), explanation=(*refusal.explanation, line))
 
 
 def _enqueue(cluster: Cluster, refusal: placement.Refusal) -> Cluster:
@@ -348,14 +362,17 @@ def queue_position(cluster: Cluster) -> int | None:
 
 
 def drain_queue(budget_s: float = DRAIN_BUDGET_S) -> int:
-    """Try every queued cluster in priority then FIFO order; returns how many were placed.
+    """Give the queue's first requests their reservations (start bounds: clusters/reservations.py), then
+    try every queued cluster in priority then FIFO order; returns how many were placed.
 
-    A cluster that still does not fit stays queued (quietly: _plan_queued) and the next one is tried (no
-    reservation), so a small request can start while large ones wait, however many wait ahead of it
-    (the first 100 only, before). Stops after `budget_s`; the next drain starts from the head again.
+    A cluster that still does not fit stays queued (quietly: _plan_queued) and the next one is tried: it
+    starts if it fits outside every reservation it would overlap (backfill), so a small request can start
+    while large ones wait, but never on hosts a request ahead of it counts on. Stops after `budget_s`; the
+    next drain starts from the head again.
     """
     deadline = time.monotonic() + budget_s
     placed = tried = 0
+    reservations.schedule()
     ids = list(queued().values_list("id", flat=True))
     for cluster_id in ids:
         if time.monotonic() > deadline:

@@ -273,8 +273,10 @@ def _say_how_it_ended(cluster: dict, code: int, targets: Sequence[str], timeout_
 def _status_line(cluster: dict) -> str:
     status = cluster["status"]
     if status == "queued":
+        bound = f", starts by {cluster['starts_by']}" if cluster.get("starts_by") else ""
         return (
-            f"queued (position {cluster.get('queue_position')}: {cluster.get('queue_reason') or 'no reason'})"
+            f"queued (position {cluster.get('queue_position')}{bound}: "
+            f"{cluster.get('queue_reason') or 'no reason'})"
         )
     if status == "failed":
         return f"failed ({cluster.get('failure_reason')})"

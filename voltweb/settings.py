@@ -309,11 +309,15 @@ VOLT_PROBE_TIMEOUT_S = env_float("VOLT_PROBE_TIMEOUT_S", 600.0, minimum=10.0, ma
 # from a band over seeds (docs/benchmarks.md "A day of churn"). A one-node request naming no topology level
 # has one candidate domain (all hosts), so the band never changes it.
 VOLT_PLACEMENT_PRICE_BAND = env_float("VOLT_PLACEMENT_PRICE_BAND", 0.0, minimum=0.0, maximum=1.0)
-# A collective multi-node request that names no `wait_for_locality` waits up to this long for one site
-# before it is placed across sites (clusters/locality.py); 0: never waits unless it asks to.
 # A cluster with a requested duration is warned (timeline, page) this long before it ends (clusters/durations.py).
 VOLT_DURATION_WARN_S = env_int("VOLT_DURATION_WARN_S", 600, minimum=0, maximum=24 * 3600)
+# A collective multi-node request that names no `wait_for_locality` waits up to this long for one site
+# before it is placed across sites (clusters/locality.py); 0: never waits unless it asks to.
 VOLT_LOCALITY_WAIT_S = env_int("VOLT_LOCALITY_WAIT_S", 1800, minimum=0, maximum=7 * 24 * 3600)
+# The queue's first this many requests get a reservation, their start bound, every drain; anything started
+# meanwhile leaves their hosts alone unless it ends before (clusters/reservations.py). 0: no reservations,
+# plain skip-ahead (a large request can wait for ever behind small ones).
+VOLT_QUEUE_RESERVATIONS = env_int("VOLT_QUEUE_RESERVATIONS", 16, minimum=0, maximum=1000)
 # A cluster whose measured busbw is below this share of the prediction is flagged.
 VOLT_PROBE_MIN_FRACTION = env_float("VOLT_PROBE_MIN_FRACTION", 0.5, minimum=0.0, maximum=1.0)
 # A flagged cluster whose probe names one host as the slowest (a figure below this share of the other

@@ -1,7 +1,16 @@
+from datetime import datetime
+
 from rest_framework import serializers
 
 from clusters import durations, locality, planning, recovery, services
-from clusters.choices import ConstraintMode, FailureReason, ModelPolicy, Parallelism, TopologyLevel
+from clusters.choices import (
+    ClusterStatus,
+    ConstraintMode,
+    FailureReason,
+    ModelPolicy,
+    Parallelism,
+    TopologyLevel,
+)
 from clusters.models import Cluster, ClusterEvent, ClusterNode
 from inventory.filters import INTERCONNECT_CHOICES
 from voltweb import services as accounts
@@ -154,6 +163,8 @@ class ClusterSerializer(serializers.ModelSerializer):
     connection = serializers.SerializerMethodField()
     recovery = serializers.SerializerMethodField()
     time_left_s = serializers.SerializerMethodField()
+    starts_by = serializers.SerializerMethodField()
+    start_bound_note = serializers.SerializerMethodField()
 
     class Meta:
         model = Cluster
@@ -162,6 +173,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "predicted_busbw_gbps", "predicted_allreduce_s", "measured_busbw_gbps", "bandwidth_flagged",
             "slow_hosts_replaced", "price_per_hour", "queue_position", "queue_reason", "failure_reason",
             "failure_message",
+            "starts_by", "start_bound_note",  # the queue's reservation (clusters/reservations.py)
             "connection", "probe_result", "plan", "nodes", "created_at", "queued_at", "placed_at", "ready_at",
             "ended_at", "ends_at", "time_left_s",  # a requested duration (clusters/durations.py)
             "bandwidth_alert", "last_probe_at", "probe_interval_min",  # telemetry (clusters/telemetry/bandwidth_watch.py)
@@ -173,6 +185,17 @@ class ClusterSerializer(serializers.ModelSerializer):
         """Seconds until its requested duration runs out (then Volt terminates it); null without one."""
         left = durations.time_left_s(cluster)
         return None if left is None else round(left, 1)
+
+    def get_starts_by(self, cluster) -> datetime | None:
+        """While queued: its start bound, the latest it should start (the queue holds hosts for it from
+        then); null without one (start_bound_note says why)."""
+        if cluster.status != ClusterStatus.QUEUED or cluster.reserved_from is None:
+            return None
+        return serializers.DateTimeField().to_representation(cluster.reserved_from)
+
+    def get_start_bound_note(self, cluster) -> str:
+        """While queued without a start bound: why there is none yet."""
+        return cluster.start_bound_note if cluster.status == ClusterStatus.QUEUED else ""
 
     def get_queue_position(self, cluster) -> int | None:
         return services.queue_position(cluster)

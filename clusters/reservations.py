@@ -1,0 +1,250 @@
+"""Reservations and backfill for the queue (issue 28 item 2; Slurm's backfill scheduler is the anchor).
+
+Every queue drain, `schedule()` walks the queue in placement order (priority, then first come) and gives
+each of its first VOLT_QUEUE_RESERVATIONS requests a reservation: the earliest time it could start, and
+the hosts it would start on, from what runs now and when that ends (the clusters' requested durations,
+`Cluster.ends_at`). The time is the request's start bound, shown on its page and in the API.
+
+    now, and each end of a running cluster or of an earlier reservation, in order:
+        free GPUs at T = free now + the GPUs of clusters that end by T
+        hosts left out = those still serving another team at T, and those of earlier reservations whose
+                         window overlaps this request's [T, T + its duration)
+        the first T the placement engine can plan the request on → its reservation
+
+Starting anything now (a new request, or one further down the queue) leaves out the hosts of every
+reservation whose window overlaps its own [now, now + duration): a request that ends before a
+reservation starts may use its hosts, one that runs elsewhere may start at once (backfill), and one
+without a duration never touches reserved hosts. Reservations are whole hosts, so a backfilled request
+can never take GPUs a reservation counted on. A request is late for its bound only when a cluster ran
+past its end (Volt terminates it within a beat), a host failed, or a request of higher priority arrived;
+the next drain plans again.
+
+A cluster without a duration never ends, as far as this module knows: GPUs it holds are never counted
+on, and a request that needs them gets no bound ("held by clusters without a duration"). So does one over
+its team's quota (its start depends on its team's own use), beyond the reservation depth.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from clusters import locality, placement, planning, quotas
+from clusters.choices import HOLDS_GPUS, ClusterStatus
+from clusters.models import Allocation, Cluster
+from inventory.choices import GpuHealth
+from inventory.models import GPU
+
+logger = logging.getLogger(__name__)
+NO_BOUND_NO_DURATION = (
+    "no start bound yet: the GPUs it needs are held by clusters without a duration (a bound is set once "
+    "enough of them have an end)"
+)
+TIMES_PER_REQUEST = 64  # candidate start times planned per request, at most
+
+
+@dataclass(frozen=True)
+class Window:
+    """Hosts reserved for one queued cluster from `start` until `end` (None: it asks for no duration)."""
+
+    cluster_id: int
+    start: datetime
+    end: datetime | None
+    host_ids: frozenset[str]
+
+    def overlaps(self, start: datetime, end: datetime | None) -> bool:
+        return (end is None or self.start < end) and (self.end is None or self.end > start)
+
+
+@dataclass
+class _Held:
+    """A host's active allocations, (team, its cluster's end or None, GPU index), and the NVLink domain of
+    each of its healthy GPUs by index."""
+
+    gpus: list[tuple[int, datetime | None, int]]
+    domain_of: dict[int, int]
+
+
+def duration_of(spec: dict) -> timedelta | None:
+    seconds = spec.get("duration_s")
+    return timedelta(seconds=int(seconds)) if seconds else None
+
+
+def schedule(now: datetime | None = None) -> dict[int, Window | None]:
+    """Plan the reservations of the queue's first VOLT_QUEUE_RESERVATIONS requests and store them on
+    their rows (`reserved_from`, `reserved_until`, `reserved_hosts`, or the reason there is no bound).
+    Returns them by cluster id (None: no bound)."""
+    now = now or timezone.now()
+    depth = settings.VOLT_QUEUE_RESERVATIONS
+    queue = list(Cluster.objects.queued().select_related("team")[:depth]) if depth else []
+    held = _held_gpus()
+    ends = sorted({end for host in held.values() for _, end, _ in host.gpus if end is not None})
+    windows: list[Window] = []
+    result: dict[int, Window | None] = {}
+    for cluster in queue:
+        window, why = _reserve(cluster, now, held, ends, windows)
+        result[cluster.pk] = window
+        if window is not None:
+            windows.append(window)
+        _store(cluster, window, why)
+    # Clusters that left the queue keep no reservation; beyond the depth, nothing is reserved (and nothing stale stays): they get bounds as they move up.
+    Cluster.objects.exclude(status=ClusterStatus.QUEUED).exclude(
+        reserved_from=None, start_bound_note=""
+    ).update(reserved_from=None, reserved_until=None, reserved_hosts=[], start_bound_note="")
+    stale = Cluster.objects.filter(status=ClusterStatus.QUEUED).exclude(pk__in=[c.pk for c in queue])
+    stale.exclude(reserved_from=None, start_bound_note="").update(
+        reserved_from=None,
+        reserved_until=None,
+        reserved_hosts=[],
+        start_bound_note=f"no start bound yet: bounds are set for the first {depth} in the queue",
+    )
+    return result
+
+
+def avoid_for(cluster: Cluster, now: datetime | None = None) -> tuple[frozenset[str], list[Window]]:
+    """The hosts `cluster` may not start on now: those of other queued clusters' reservations whose
+    windows overlap its own run from now. Returns (host ids, the windows that hold them)."""
+    now = now or timezone.now()
+    duration = duration_of(cluster.spec)
+    own_end = now + duration if duration else None
+    rows = (
+        Cluster.objects.filter(status=ClusterStatus.QUEUED, reserved_from__isnull=False)
+        .exclude(pk=cluster.pk)
+        .values_list("pk", "reserved_from", "reserved_until", "reserved_hosts")
+    )
+    windows = [Window(pk, start, end, frozenset(map(str, hosts))) for pk, start, end, hosts in rows]
+    binding = [w for w in windows if w.overlaps(now, own_end)]
+    return frozenset().union(*(w.host_ids for w in binding)), binding
+
+
+def avoided_line(windows: list[Window], duration: timedelta | None) -> str:
+    """A refusal's line naming the reservations a request had to leave alone."""
+    hosts = len(frozenset().union(*(w.host_ids for w in windows)))
+    first = min(w.start for w in windows)
+    why = (
+        "it asks for no duration, so it may not use them at all"
+        if duration is None
+        else "it would not end before they start"
+    )
+    return (
+        f"{hosts} host{'s' if hosts != 1 else ''} reserved for {len(windows)} request"
+        f"{'s' if len(windows) != 1 else ''} ahead in the queue (the first from "
+        f"{first:%Y-%m-%d %H:%M} UTC): {why}"
+    )
+
+
+def conflicts_with_extension(cluster: Cluster, new_end: datetime) -> Window | None:
+    """The earliest reservation on `cluster`'s hosts that its run until `new_end` would overlap (an
+    extension past it would break that request's start bound), or None."""
+    hosts = {str(h) for h in cluster.allocations.filter(active=True).values_list("gpu__host_id", flat=True)}
+    rows = (
+        Cluster.objects.filter(status=ClusterStatus.QUEUED, reserved_from__isnull=False)
+        .exclude(pk=cluster.pk)
+        .order_by("reserved_from")
+        .values_list("pk", "reserved_from", "reserved_until", "reserved_hosts")
+    )
+    for pk, start, end, reserved in rows:
+        window = Window(pk, start, end, frozenset(map(str, reserved)))
+        if window.host_ids & hosts and start < new_end:
+            return window
+    return None
+
+
+# --- planning at a future time ------------------------------------------------------------------------
+
+
+def _reserve(
+    cluster: Cluster,
+    now: datetime,
+    held: dict[str, _Held],
+    ends: list[datetime],
+    windows: list[Window],
+) -> tuple[Window | None, str]:
+    try:
+        request = planning.validate_spec(cluster.spec)
+    except planning.InvalidSpec:
+        return None, "no start bound: the request no longer fits the inventory"
+    request, over_quota = quotas.narrow(cluster.team, request, now)
+    if over_quota:
+        return None, f"no start bound while {over_quota}"
+    duration = duration_of(cluster.spec)
+    snapshots = planning.schedulable_snapshots(request)
+    measured = planning.measured_bandwidth()
+    band = settings.VOLT_PLACEMENT_PRICE_BAND
+    times = sorted({now, *(e for e in ends if e > now), *(w.end for w in windows if w.end and w.end > now)})
+    for at in times[:TIMES_PER_REQUEST]:
+        avoid = frozenset().union(
+            *(w.host_ids for w in windows if w.overlaps(at, at + duration if duration else None))
+        )
+        hosts = [s for s in (_at(snap, held, at, cluster.team_id) for snap in snapshots) if s is not None]
+        hosts = [s for s in hosts if s.host_id not in avoid]
+        wait = locality.current_wait(cluster.spec, request, cluster.created_at, at)
+        planned = locality.narrowed(request, wait) if wait else request
+        try:
+            result = placement.plan(planned, hosts, measured, validate_inventory=False, price_band=band)
+        except placement.InvalidRequest:
+            return None, "no start bound: the request no longer fits the inventory"
+        if isinstance(result, placement.Plan):
+            start = max(at, now)
+            return Window(
+                cluster.pk, start, start + duration if duration else None, frozenset(result.host_ids)
+            ), ""
+    return None, NO_BOUND_NO_DURATION
+
+
+def _held_gpus() -> dict[str, _Held]:
+    """Every active allocation of a cluster holding GPUs, by host: who holds it, until when (two queries)."""
+    rows = Allocation.objects.filter(active=True, cluster__status__in=HOLDS_GPUS).values_list(
+        "gpu__host_id", "cluster__team_id", "cluster__ends_at", "gpu__index"
+    )
+    held: dict[str, _Held] = {}
+    for host_id, team_id, end, index in rows.iterator(chunk_size=5000):
+        held.setdefault(str(host_id), _Held([], {})).gpus.append((team_id, end, index))
+    healthy = GPU.objects.filter(host_id__in=[int(h) for h in held], health=GpuHealth.HEALTHY)
+    for host_id, domain, index in healthy.values_list("host_id", "nvlink_domain", "index").iterator(5000):
+        held[str(host_id)].domain_of[index] = domain
+    return held
+
+
+def _at(
+    snap: placement.HostSnapshot, held: dict[str, _Held], at: datetime, team_id: int
+) -> placement.HostSnapshot | None:
+    """The host as it will be at `at` for team `team_id`: the healthy GPUs of clusters that have ended by
+    then given back, or None if it still serves another team then (a host serves one team at a time)."""
+    host = held.get(snap.host_id)
+    if host is None:
+        return snap
+    freed: set[int] = set()
+    for team, end, index in host.gpus:
+        ended = end is not None and end <= at
+        if not ended and team != team_id:
+            return None
+        if ended and index in host.domain_of:
+            freed.add(index)
+    if not freed:
+        return snap
+    free = {i for domain in snap.free_gpus for i in domain} | freed
+    domains: dict[int, list[int]] = {}
+    for index in sorted(free):
+        domains.setdefault(host.domain_of.get(index, 0), []).append(index)
+    return replace(snap, free_gpus=tuple(tuple(domains[d]) for d in sorted(domains)))
+
+
+def _store(cluster: Cluster, window: Window | None, why: str) -> None:
+    fields = {
+        "reserved_from": window.start if window else None,
+        "reserved_until": window.end if window else None,
+        "reserved_hosts": sorted(int(h) for h in window.host_ids) if window else [],
+        "start_bound_note": why,
+    }
+    if all(getattr(cluster, k) == v for k, v in fields.items()):
+        return
+    Cluster.objects.filter(pk=cluster.pk, status=ClusterStatus.QUEUED).update(**fields)
+    if window is not None and cluster.reserved_from != window.start:
+        logger.info(
+            "cluster %s: reserved from %s on %d hosts", cluster.pk, window.start, len(window.host_ids)
+        )
