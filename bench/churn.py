@@ -50,6 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit_json, percentile, print_table  # noqa: E402
+from bench.churn_queue import OVER_ASK, GoodputQueue, Quotas, drain_today, starved, stop  # noqa: E402
 from clusters.placement import (  # noqa: E402
     DECLARED_HOST_GBPS,
     HostSnapshot,
@@ -84,7 +85,7 @@ PARALLELISM = (
     ("inference_replicas", 0.1),
     ("independent", 0.1),
 )
-POLICIES = ("volt", "first_fit", "best_fit")
+POLICIES = ("volt", "volt_goodput", "first_fit", "best_fit")
 FAILURES, DOWN_HOURS = 12, (2.0, 8.0)
 MEDIAN_HOURS = 4.0  # lognormal durations: median 4 h, sigma 1 (mean 6.6 h), at most 24 h
 STRANDED_SAMPLE_S = 900.0
@@ -171,6 +172,11 @@ class Job:
     end_s: float = math.inf
     slowdown: float = 1.0  # time on its plan / time at rack speed, for the same work (`Slowdown`)
     hosts: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    over_ask: float = 1.0  # its requested duration / its actual run time (bench/churn_queue.py)
+    requested_end_s: float = math.inf
+    started_s: float | None = None
+    bound_s: float | None = None  # the first start bound it was given (volt_goodput)
+    late: bool = False  # started after that bound
 
 
 def generate_trace(hosts: list[HostSnapshot], hours: float, load: float, seed: int) -> list[tuple]:
@@ -273,7 +279,8 @@ class Cluster:
         for host in hosts:
             self.by_model.setdefault(host.gpu_model, []).append(host.host_id)
         self.down: set[str] = set()
-        self.index = Inventory(hosts) if policy == "volt" else None
+        self.hidden: set[str] = set()  # held for reservations (volt_goodput): indexed with no free GPUs
+        self.index = Inventory(hosts) if policy.startswith("volt") else None
         self.busy = 0
         self.useful = 0.0  # GPUs' worth of progress: busy GPUs, each divided by its job's slowdown
         self.spend = 0.0  # US dollars per hour of the plans running
@@ -293,7 +300,17 @@ class Cluster:
 
     def _index(self, host: HostSnapshot) -> None:
         if self.index is not None:
-            self.index.update(replace(host, free_gpus=()) if host.host_id in self.down else host)
+            gone = host.host_id in self.down or host.host_id in self.hidden
+            self.index.update(replace(host, free_gpus=()) if gone else host)
+
+    def hide(self, host_ids, hidden: bool) -> None:
+        """Hold hosts out of placement (a reservation's), or give them back."""
+        changed = [h for h in host_ids if (h in self.hidden) != hidden]
+        (self.hidden.update if hidden else self.hidden.difference_update)(changed)
+        if self.index is not None and changed:
+            gone = self.down | self.hidden
+            snapshots = (self.hosts[h] for h in changed)
+            self.index.update_many(replace(h, free_gpus=()) if h.host_id in gone else h for h in snapshots)
 
     def could_fit(self, request: PlacementRequest) -> bool:
         sizes = self.node_size[request.models[0]]
@@ -302,7 +319,7 @@ class Cluster:
     def place(self, request: PlacementRequest) -> Plan | None:
         if not self.could_fit(request):
             return None
-        if self.policy == "volt":
+        if self.index is not None:
             result = plan(request, self.index, validate_inventory=False, price_band=self.price_band)
         else:
             listed = [self.hosts[i] for i in self.by_model[request.models[0]] if i not in self.down]
@@ -385,13 +402,34 @@ def simulate(
     median_gpus: int,
     price_band: float = 0.0,
     comm_share: float = 0.0,
+    quota_share: float = 0.0,
+    seed: int = 11,
+    locality_wait_s: float | None = None,
+    reservations: int | None = None,
 ) -> dict:
     """Replay the trace under `policy`; the figures the module docstring lists."""
     state = Cluster(hosts, policy, price_band)
     slowdown = Slowdown(hosts, comm_share)
+    ask = random.Random(seed + 3)  # the same over-asking for every policy
     jobs = [
-        Job(n, at, duration, request, remaining_s=duration) for n, (at, duration, request) in enumerate(trace)
+        Job(n, at, duration, request, remaining_s=duration, over_ask=ask.uniform(*OVER_ASK))
+        for n, (at, duration, request) in enumerate(trace)
     ]
+    quotas = Quotas(len(jobs), state.total, quota_share, seed)
+    goodput = None
+    if policy == "volt_goodput":
+        goodput = GoodputQueue(hosts)
+        if locality_wait_s is not None:
+            goodput.locality_wait_s = locality_wait_s
+        if reservations is not None:
+            goodput.reservations = reservations
+
+    def drain(now: float) -> None:
+        if goodput is None:
+            drain_today(state, queue, now, events, running_on, slowdown, quotas)
+        else:
+            goodput.drain(state, queue, now, events, running_on, slowdown, quotas, jobs)
+
     events: list[tuple[float, int, str, int]] = []  # (time, order, kind, job or outage number)
     for job in jobs:
         heapq.heappush(events, (job.arrival_s, 1, "arrive", job.number))
@@ -429,14 +467,11 @@ def simulate(
             job = jobs[number]
             if not job.placed or job.end_s != now:
                 continue  # preempted by a host failure since
-            state.release(job)
-            for node in job.plan.nodes:
-                running_on.get(node.host_id, set()).discard(job.number)
-            job.placed = False
+            stop(state, job, running_on, quotas)
         elif kind == "fail":
             host_id = outages[number][2]
             for victim in list(running_on.get(host_id, ())):
-                _preempt(state, jobs[victim], now, queue, running_on)
+                _preempt(state, jobs[victim], now, queue, running_on, quotas)
             state.set_down(host_id, True)
         elif kind == "return":
             state.set_down(outages[number][2], False)
@@ -447,7 +482,7 @@ def simulate(
             if now % 3600 == 0 and int(now // 3600) in CHECKPOINT_HOURS:
                 checkpoints[int(now // 3600)] = round(busy_area / 3600)
             continue
-        _drain(state, queue, now, events, running_on, slowdown)
+        drain(now)
     busy_area += state.busy * (horizon - last)
     up_area += state.total * (horizon - last)
     spend_area += state.spend * (horizon - last)
@@ -468,36 +503,17 @@ def simulate(
     figures["mean_slowdown_collective"] = round(sum(collective) / max(1, len(collective)), 3)
     figures["whole_free_gpus"] = round(sum(w for w, _ in split) / samples, 1)
     figures["partial_free_gpus"] = round(sum(p for _, p in split) / samples, 1)
+    figures["quota_violations"] = quotas.violations
+    figures["starved"] = starved(jobs, queue, horizon)
+    figures["bounded"] = sum(job.bound_s is not None for job in jobs)
     return figures
 
 
-def _preempt(state: Cluster, job: Job, now: float, queue: list[Job], running_on) -> None:
-    state.release(job)
-    for node in job.plan.nodes:
-        running_on.get(node.host_id, set()).discard(job.number)
+def _preempt(state: Cluster, job: Job, now: float, queue: list[Job], running_on, quotas: Quotas) -> None:
+    stop(state, job, running_on, quotas)
     job.remaining_s = max(0.0, job.end_s - now) / job.slowdown  # the work left, at rack speed
-    job.placed, job.end_s, job.queued_since_s = False, math.inf, now
+    job.end_s, job.queued_since_s = math.inf, now
     queue.append(job)
-
-
-def _drain(state: Cluster, queue: list[Job], now: float, events, running_on, slowdown: Slowdown) -> None:
-    """Volt's queue: priority, then FIFO; a request that does not fit is skipped."""
-    still: list[Job] = []
-    for job in queue:
-        result = state.place(job.request)
-        if result is None:
-            still.append(job)
-            continue
-        job.wait_s += now - job.queued_since_s
-        job.plan = result
-        job.first_plan = job.first_plan or result
-        job.slowdown = slowdown(job.request, result)
-        state.allocate(job)
-        for node in result.nodes:
-            running_on.setdefault(node.host_id, set()).add(job.number)
-        job.placed, job.end_s = True, now + job.remaining_s * job.slowdown
-        heapq.heappush(events, (job.end_s, 0, "end", job.number))
-    queue[:] = still
 
 
 def _figures(policy, jobs, queue, busy_area, up_area, stranded, horizon, seconds) -> dict:
@@ -519,6 +535,7 @@ def _figures(policy, jobs, queue, busy_area, up_area, stranded, horizon, seconds
         "utilisation": round(busy_area / up_area, 4),
         "mean_wait_s": round(sum(waits) / max(1, len(waits)), 1),
         "p95_wait_s": round(percentile(waits, 95), 1),
+        "max_wait_s": round(max(waits, default=0.0), 1),
         "stranded_gpus": round(sum(stranded) / max(1, len(stranded)), 1),
         "sim_seconds": round(seconds, 1),
     }
@@ -541,6 +558,18 @@ def main() -> None:
         default=0.0,
         help="share of a collective job's step spent in all-reduce at rack speed (0: run time ignores placement)",
     )
+    parser.add_argument(
+        "--quota-share",
+        type=float,
+        default=0.25,
+        help="share of the teams with a cap on GPUs in use (every policy)",
+    )
+    parser.add_argument(
+        "--locality-wait-s", type=float, default=None, help="volt_goodput's wait for one site (default 1800)"
+    )
+    parser.add_argument(
+        "--reservations", type=int, default=None, help="volt_goodput's reservations per drain (default 16)"
+    )
     args = parser.parse_args()
     hosts = generate_inventory(args.hosts, args.seed, args.flat_prices)
     trace = generate_trace(hosts, args.hours, args.load, args.seed)
@@ -555,7 +584,18 @@ def main() -> None:
     results = {}
     for policy in args.policies.split(","):
         results[policy] = simulate(
-            hosts, trace, outages, policy, args.hours, median.gpus_per_node, args.price_band, args.comm_share
+            hosts,
+            trace,
+            outages,
+            policy,
+            args.hours,
+            median.gpus_per_node,
+            args.price_band,
+            args.comm_share,
+            quota_share=args.quota_share,
+            seed=args.seed,
+            locality_wait_s=args.locality_wait_s,
+            reservations=args.reservations,
         )
         print(f"  {policy}: done in {results[policy]['sim_seconds']} s", flush=True)
     columns = ["policy", "started", "still_queued", "multi_node_plans", "in_block_share", "in_fabric_share"]
@@ -570,6 +610,7 @@ def main() -> None:
         "stranded_gpus",
     ]
     columns += ["partly_used_hosts", "partly_used_by_multi_node", "whole_free_gpus", "partial_free_gpus"]
+    columns += ["max_wait_s", "bounded", "starved", "quota_violations"]
     print_table(list(results.values()), columns)
     summary = {
         "bench": "churn",
@@ -583,7 +624,7 @@ def main() -> None:
         args.flat_prices,
         args.price_band,
     )
-    summary["comm_share"] = args.comm_share
+    summary["comm_share"], summary["quota_share"] = args.comm_share, args.quota_share
     summary["policies"] = {p: {k: v for k, v in r.items() if k != "policy"} for p, r in results.items()}
     if "volt" in results:
         volt = results["volt"]
@@ -597,6 +638,15 @@ def main() -> None:
             }
             for other in results
             if other != "volt"
+        }
+    if "volt" in results and "volt_goodput" in results:
+        volt, goodput = results["volt"], results["volt_goodput"]
+        summary["goodput_vs_volt"] = {
+            "useful_utilisation_points": round(
+                100 * (goodput["useful_utilisation"] - volt["useful_utilisation"]), 2
+            ),
+            "mean_wait_ratio": _ratio(goodput["mean_wait_s"], volt["mean_wait_s"]),
+            "p95_wait_ratio": _ratio(goodput["p95_wait_s"], volt["p95_wait_s"]),
         }
     emit_json(summary)
 

@@ -79,7 +79,22 @@ def current_wait(spec: dict, request: PlacementRequest, requested_at: datetime, 
 
 def narrowed(request: PlacementRequest, wait: Wait) -> PlacementRequest:
     """The request as planned while `wait` holds: its level required."""
-    return replace(request, topology_level=wait.level, topology_mode=ConstraintMode.REQUIRED)
+    return at_level(request, wait.level)
+
+
+def at_level(request: PlacementRequest, level: str) -> PlacementRequest:
+    """The request with `level` required (one site, one region...)."""
+    return replace(request, topology_level=level, topology_mode=ConstraintMode.REQUIRED)
+
+
+def could_tighten(request: PlacementRequest, level: str) -> bool:
+    """Whether holding a collective multi-node request to one `level` is worth planning: it does not
+    already require as tight a span, and one domain of the level could ever hold it."""
+    if not request.is_collective():
+        return False
+    if request.topology_mode == ConstraintMode.REQUIRED and _rank(request.topology_level) <= _rank(level):
+        return False
+    return could_ever_hold(request, level)
 
 
 def could_ever_hold(request: PlacementRequest, level: str) -> bool:

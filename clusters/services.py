@@ -155,6 +155,14 @@ def _plan_within_locality(cluster: Cluster, request: placement.PlacementRequest)
     request as written, and a plan wider than it waited for carries the warning."""
     now = timezone.now()
     avoid, windows = reservations.avoid_for(cluster, now)  # hosts reserved for requests ahead
+    span = reservations.span_of(cluster, now) if request.is_collective() else None
+    if span is not None:  # it holds a reservation in one site: until it starts, only one site will do
+        result = planning.plan_request(locality.at_level(request, span), cluster.team_id, avoid)
+        if isinstance(result, placement.Refusal):
+            line = f"it starts on its reservation in one {span} by {cluster.reserved_from:%Y-%m-%d %H:%M} UTC"
+            result = _name_reservations(result, windows, cluster)
+            return replace(result, reasons=(line, *result.reasons))
+        return result
     wait = locality.current_wait(cluster.spec, request, cluster.created_at, now)
     if wait is not None:
         result = planning.plan_request(locality.narrowed(request, wait), cluster.team_id, avoid)

@@ -120,6 +120,24 @@ class Inventory:
             if model == host.gpu_model:
                 _refresh_group(shape, key, members, count)
 
+    def update_many(self, hosts: Iterable[HostSnapshot]) -> None:
+        """`update` for several hosts, each group refreshed once however many of its hosts changed (a
+        reservation of 64 hosts in a few blocks costs a few group rebuilds per shape, not 64)."""
+        changed: dict[tuple, str] = {}
+        for host in hosts:
+            old = self.hosts[host.host_id]
+            key = _group_key(host)
+            if host.gpu_model != old.gpu_model or key != _group_key(old):
+                raise ValueError(f"host {host.host_id} changed model or place; build a new Inventory")
+            self.hosts[host.host_id] = host
+            members = self._blocks[host.gpu_model][key]
+            members[next(i for i, member in enumerate(members) if member.host_id == host.host_id)] = host
+            changed[key] = host.gpu_model
+        for (model, count), shape in self._shapes.items():
+            for key, changed_model in changed.items():
+                if changed_model == model:
+                    _refresh_group(shape, key, self._blocks[model][key], count)
+
 
 def _group_key(host: HostSnapshot) -> tuple:
     """Hosts share a group when everything the bandwidth model reads from them is equal."""

@@ -191,3 +191,60 @@ def test_a_reservation_leaves_the_row_once_the_cluster_leaves_the_queue(
         services.drain_queue()
     big.refresh_from_db()
     assert big.reserved_from is None and big.reserved_hosts == [] and big.start_bound_note == ""
+
+
+def test_a_later_request_of_higher_priority_never_pushes_a_given_bound_back(
+    alice, client_for, committed, busy
+):
+    client = client_for(alice)
+    big = request(client, committed, name="big", nodes=64, duration_s=4 * HOUR)
+    drain(committed)
+    big.refresh_from_db()
+    bound = big.reserved_from
+    urgent = request(client, committed, name="urgent", nodes=64, duration_s=HOUR, priority=50)
+    drain(committed)
+    big.refresh_from_db()
+    urgent.refresh_from_db()
+    assert big.reserved_from == bound
+    assert urgent.reserved_from == big.reserved_until  # after the window it would have overlapped
+
+
+@pytest.fixture
+def two_sites(northwind_ib, helios_roce, make_host):
+    """iad1: 3 H100 hosts; ams1: 2 H100 hosts."""
+    r01, _ = northwind_ib.blocks.order_by("name")
+    a01 = helios_roce.blocks.get()
+    return {"iad1": [make_host(r01) for _ in range(3)], "ams1": [make_host(a01) for _ in range(2)]}
+
+
+def test_a_collective_request_is_reserved_in_one_site_and_does_not_start_across_sites_before_it(
+    alice, client_for, committed, clock, two_sites
+):
+    """Two iad1 hosts are busy for 2 h, one ams1 host for 1 h: across sites 3 nodes fit in 1 h, in one
+    site (iad1) in 2 h. The reservation is iad1's, and at 1 h the request still waits for it."""
+    client = client_for(alice)
+    iad1_busy = request(client, committed, name="iad1-busy", nodes=2, duration_s=2 * HOUR,
+                        regions=["us-east"])  # fmt: skip
+    ams1_busy = request(client, committed, name="ams1-busy", nodes=1, duration_s=HOUR, regions=["eu-west"])
+    assert {iad1_busy.status, ams1_busy.status} == {"provisioning"}
+    big = request(client, committed, name="big", nodes=3, duration_s=HOUR)
+    assert big.status == "queued"
+    drain(committed)
+    big.refresh_from_db()
+    iad1_busy.refresh_from_db()
+    assert big.reserved_from == iad1_busy.ends_at
+    assert sorted(big.reserved_hosts) == sorted(h.pk for h in two_sites["iad1"])
+    clock.at = ams1_busy.ends_at + timedelta(seconds=1)
+    with committed():
+        durations.expire_clusters(now=clock.at)  # ams1 frees up: 3 hosts free across two sites
+    big.refresh_from_db()
+    assert big.status == "queued"
+    assert big.queue_reason.startswith(
+        f"it starts on its reservation in one site by {big.reserved_from:%Y-%m-%d %H:%M} UTC"
+    )
+    clock.at = iad1_busy.ends_at + timedelta(seconds=1)
+    with committed():
+        durations.expire_clusters(now=clock.at)
+    big.refresh_from_db()
+    assert big.status == "provisioning"
+    assert set(big.nodes.values_list("host__site__name", flat=True)) == {"iad1"}
