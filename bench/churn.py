@@ -1,6 +1,7 @@
 """A day of churn: placement judged over time, where fragmentation decides whether tomorrow's job fits.
 
     .venv/bin/python bench/churn.py [--hosts 10000] [--hours 24] [--load 0.95] [--seed 11] [--comm-share 0]
+        [--quota-share 0.25] [--locality-wait-s 1800] [--reservations 4] [--policies volt,volt_goodput,...]
 
 Inventory (in memory): `--hosts` hosts of several providers over regions -> sites -> fabrics (NDR, HDR,
 RoCE, Ethernet) -> blocks of 16-32 hosts. H100, H200 and A100 hosts have 8 GPUs in one NVLink domain;
@@ -14,10 +15,15 @@ multi-node jobs data parallel, the rest tensor/pipeline, inference replicas or i
 few hosts fail during the day (their jobs go back to the queue with the work they had left) and return
 hours later.
 
-The same trace runs through three policies with Volt's allocation rules (one node per host, a node's
+The same trace runs through four policies with Volt's allocation rules (one node per host, a node's
 GPUs by clusters.placement.nodes.node_gpus) and Volt's queue (priority then FIFO; a request that does
-not fit is skipped so smaller ones behind it can start):
+not fit is skipped so smaller ones behind it can start), under the same team quotas (bench/churn_queue.py:
+40 teams, `--quota-share` of them capped at 1.5x their fair share of GPUs in use):
 - volt: clusters.placement.plan on an Inventory of the model's hosts with free GPUs;
+- volt_goodput: the same engine with issue 28's queue (bench/churn_queue.py): collective requests wait
+  `--locality-wait-s` (1800) for one site, the first `--reservations` (4) requests that cannot start get
+  reservations (start bounds; in one site for collective ones), and the rest backfill around them by
+  their requested durations (actual x uniform(1, 3): users over-ask);
 - first_fit: the first hosts in listing order that fit (a marketplace);
 - best_fit: the hosts with the fewest free GPUs that fit, blind to topology (a quota scheduler).
 
@@ -31,6 +37,8 @@ stranded: free but on hosts that cannot give a node of the median request's GPUs
 node (time average). Also, to say where utilisation is lost: hosts left partly used (and how many of
 them hold a multi-node job), free GPUs on whole free hosts and on partly used hosts (time averages),
 and busy GPU-hours so far at a few hours of the day (the policies part during the fill, hours 4-9).
+Also the longest wait, requests given a start bound (`bounded`), those that started after it or still
+wait past it (`starved`), and allocations that left a team above its cap (`quota_violations`).
 `bench/churn_diagnose.py` replays Volt and compares each placement with best fit's in the same state.
 The last line printed is the JSON summary.
 """
@@ -51,20 +59,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit_json, percentile, print_table  # noqa: E402
 from bench.churn_queue import OVER_ASK, GoodputQueue, Quotas, drain_today, starved, stop  # noqa: E402
+from bench.churn_state import Cluster  # noqa: E402
 from clusters.placement import (  # noqa: E402
     DECLARED_HOST_GBPS,
     HostSnapshot,
-    Inventory,
     PlacementRequest,
     Plan,
     TopologyPath,
     allreduce_seconds,
-    best_fit,
     cluster_busbw_gbps,
-    first_fit,
-    plan,
 )
-from clusters.placement.nodes import node_gpus  # noqa: E402
 
 # model: (share of hosts, GPUs per host, NVLink, $/GPU-hour range)
 MODELS = {
@@ -265,132 +269,6 @@ class Slowdown:
             raise SystemExit("--comm-share needs an NDR InfiniBand host in the inventory as the reference")
         share = self.comm_share
         return (1.0 - share) + share * plan.predicted_allreduce_s / self.rack_seconds(request)
-
-
-class Cluster:
-    """The simulated inventory under one policy: free GPUs per host, hosts up, and for Volt one index
-    kept current by Inventory.update (a down host is indexed with no free GPUs)."""
-
-    def __init__(self, hosts: list[HostSnapshot], policy: str, price_band: float = 0.0):
-        self.policy = policy
-        self.price_band = price_band
-        self.hosts = {h.host_id: h for h in hosts}
-        self.by_model: dict[str, list[str]] = {}  # listing order per model (first fit walks it)
-        for host in hosts:
-            self.by_model.setdefault(host.gpu_model, []).append(host.host_id)
-        self.down: set[str] = set()
-        self.hidden: set[str] = set()  # held for reservations (volt_goodput): indexed with no free GPUs
-        self.index = Inventory(hosts) if policy.startswith("volt") else None
-        self.busy = 0
-        self.useful = 0.0  # GPUs' worth of progress: busy GPUs, each divided by its job's slowdown
-        self.spend = 0.0  # US dollars per hour of the plans running
-        self.total = sum(h.total_gpus for h in hosts)
-        self.node_size: dict[str, Counter] = {}  # model -> largest node a host can give -> hosts
-        for host in hosts:
-            self.node_size.setdefault(host.gpu_model, Counter())[_largest_node(host)] += 1
-
-    def _set(self, host: HostSnapshot, free: tuple[tuple[int, ...], ...]) -> None:
-        updated = replace(host, free_gpus=free)
-        self.hosts[host.host_id] = updated
-        if host.host_id not in self.down:
-            sizes = self.node_size[host.gpu_model]
-            sizes[_largest_node(host)] -= 1
-            sizes[_largest_node(updated)] += 1
-            self._index(updated)
-
-    def _index(self, host: HostSnapshot) -> None:
-        if self.index is not None:
-            gone = host.host_id in self.down or host.host_id in self.hidden
-            self.index.update(replace(host, free_gpus=()) if gone else host)
-
-    def hide(self, host_ids, hidden: bool) -> None:
-        """Hold hosts out of placement (a reservation's), or give them back."""
-        changed = [h for h in host_ids if (h in self.hidden) != hidden]
-        (self.hidden.update if hidden else self.hidden.difference_update)(changed)
-        if self.index is not None and changed:
-            gone = self.down | self.hidden
-            snapshots = (self.hosts[h] for h in changed)
-            self.index.update_many(replace(h, free_gpus=()) if h.host_id in gone else h for h in snapshots)
-
-    def could_fit(self, request: PlacementRequest) -> bool:
-        sizes = self.node_size[request.models[0]]
-        return sum(n for size, n in sizes.items() if size >= request.gpus_per_node) >= request.nodes
-
-    def place(self, request: PlacementRequest) -> Plan | None:
-        if not self.could_fit(request):
-            return None
-        if self.index is not None:
-            result = plan(request, self.index, validate_inventory=False, price_band=self.price_band)
-        else:
-            listed = [self.hosts[i] for i in self.by_model[request.models[0]] if i not in self.down]
-            result = (first_fit if self.policy == "first_fit" else best_fit)(request, listed)
-        return result if isinstance(result, Plan) else None
-
-    def allocate(self, job: Job) -> None:
-        for node in job.plan.nodes:
-            host = self.hosts[node.host_id]
-            taken = set(node.gpu_indices)
-            self._set(host, tuple(tuple(i for i in d if i not in taken) for d in host.free_gpus))
-            job.hosts.append((node.host_id, node.gpu_indices))
-            self.busy += len(taken)
-            self.useful += len(taken) / job.slowdown
-        self.spend += job.plan.price_per_hour
-
-    def release(self, job: Job) -> None:
-        for host_id, indices in job.hosts:
-            host = self.hosts[host_id]
-            free = {i for d in host.free_gpus for i in d} | set(indices)
-            self._set(host, _domains(host, free))
-            self.busy -= len(indices)
-            self.useful -= len(indices) / job.slowdown
-        if job.hosts:
-            self.spend -= job.plan.price_per_hour
-        job.hosts = []
-
-    def set_down(self, host_id: str, down: bool) -> None:
-        host = self.hosts[host_id]
-        sizes = self.node_size[host.gpu_model]
-        sizes[_largest_node(host)] += -1 if down else 1
-        self.total += -host.total_gpus if down else host.total_gpus
-        (self.down.add if down else self.down.discard)(host_id)
-        self._index(host)
-
-    def partly_used(self, running_on: dict[str, set[int]], jobs: list[Job]) -> tuple[int, int]:
-        """(up hosts with some but not all GPUs free, those of them on which a multi-node job runs)."""
-        hosts = [i for i, h in self.hosts.items() if i not in self.down and 0 < h.free_count() < h.total_gpus]
-        multi = sum(any(jobs[j].request.nodes > 1 for j in running_on.get(i, ())) for i in hosts)
-        return len(hosts), multi
-
-    def free_split(self) -> tuple[int, int]:
-        """(free GPUs on up hosts with every GPU free, free GPUs on up hosts partly used)."""
-        whole = partial = 0
-        for host_id, host in self.hosts.items():
-            free = host.free_count()
-            if host_id in self.down or not free:
-                continue
-            if free == host.total_gpus:
-                whole += free
-            else:
-                partial += free
-        return whole, partial
-
-    def stranded(self, gpus: int) -> int:
-        """Free GPUs on up hosts that cannot give a node of `gpus` GPUs."""
-        return sum(
-            h.free_count() for i, h in self.hosts.items() if i not in self.down and node_gpus(h, gpus) is None
-        )
-
-
-def _largest_node(host: HostSnapshot) -> int:
-    if not host.nvlink:
-        return host.free_count()
-    return max((len(d) for d in host.free_gpus), default=0)
-
-
-def _domains(host: HostSnapshot, free: set[int]) -> tuple[tuple[int, ...], ...]:
-    if not host.nvlink:
-        return tuple((i,) for i in sorted(free))
-    return (tuple(sorted(free)),)  # the bench's NVLink hosts have one domain of all their GPUs
 
 
 def simulate(

@@ -105,7 +105,12 @@ def test_the_churn_benches_run_as_documented_at_their_smallest_sizes(tmp_path):
     small = ("--hosts", "1000", "--hours", "1")
     assert bench(tmp_path, "churn", "--load", "1.1", *small)["bench"] == "churn"
     assert bench(tmp_path, "churn", "--load", "1.1", "--flat-prices", *small)["flat_prices"] is True
-    assert bench(tmp_path, "churn", "--load", "1.1", "--comm-share", "0.05", *small)["comm_share"] == 0.05
+    summary = bench(tmp_path, "churn", "--load", "1.1", "--comm-share", "0.05", *small)
+    assert summary["comm_share"] == 0.05
+    goodput = summary["policies"]["volt_goodput"]  # issue 28's policy, with the keys it promises
+    wanted = {"useful_utilisation", "mean_wait_s", "p95_wait_s", "max_wait_s", "starved", "quota_violations"}
+    assert wanted <= goodput.keys() and goodput["quota_violations"] == 0
+    assert summary["policies"]["volt"].keys() - {"bounded"} <= goodput.keys()  # today's keys kept
     assert bench(tmp_path, "churn_diagnose", *small, "--day", "2")["bench"] == "churn_diagnose"
 
 

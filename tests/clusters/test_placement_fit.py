@@ -271,6 +271,29 @@ def test_an_index_kept_current_by_update_plans_like_a_fresh_one():
                 assert (ours.nodes, ours.price_per_hour) == (theirs.nodes, theirs.price_per_hour)
 
 
+def test_update_many_plans_like_a_fresh_index_whatever_hosts_change_together():
+    """Inventory.update_many (several hosts, each group refreshed once) against a fresh index."""
+    rng = random.Random(5)
+    hosts = {f"{b}{i}": host(f"{b}{i}", b) for b in ("p", "q", "r") for i in range(4)}
+    hosts |= {f"l{i}": l40s(f"l{i}", tuple(range(8)), block="s") for i in range(3)}
+    index = Inventory(hosts.values())
+    index.prepare(range(1, 9), ("H100", "L40S"))
+    asks = [ask(n, g, m) for n in (1, 2, 3) for g in (1, 4, 8) for m in ("H100", "L40S")]
+    for _ in range(20):
+        changed = []
+        for h in rng.sample(sorted(hosts.values(), key=lambda h: h.host_id), rng.randint(1, 6)):
+            free = sorted(rng.sample(range(8), rng.randint(0, 8)))
+            hosts[h.host_id] = replace(h, free_gpus=(tuple(free),) if h.nvlink else tuple((i,) for i in free))
+            changed.append(hosts[h.host_id])
+        index.update_many(changed)
+        fresh = Inventory(hosts.values())
+        for request in asks:
+            ours, theirs = plan(request, index), plan(request, fresh)
+            assert type(ours) is type(theirs)
+            if isinstance(ours, Plan):
+                assert (ours.nodes, ours.price_per_hour) == (theirs.nodes, theirs.price_per_hour)
+
+
 def test_a_price_band_fills_a_partly_used_block_before_opening_a_cheaper_whole_one():
     """bench/churn.py: strict price order across blocks sends a 2-node job of 4-GPU nodes to a cheaper
     block of whole hosts while half-used hosts wait in a dearer one, and whole hosts are what 8-GPU nodes
