@@ -58,7 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit_json, percentile, print_table  # noqa: E402
-from bench.churn_queue import OVER_ASK, GoodputQueue, Quotas, drain_today, starved, stop  # noqa: E402
+from bench.churn_queue import OVER_ASK, GoodputQueue, Quotas, drain_today, late, starved, stop  # noqa: E402
 from bench.churn_state import Cluster  # noqa: E402
 from clusters.placement import (  # noqa: E402
     DECLARED_HOST_GBPS,
@@ -181,6 +181,7 @@ class Job:
     started_s: float | None = None
     bound_s: float | None = None  # the first start bound it was given (volt_goodput)
     late: bool = False  # started after that bound
+    quota_blocked: bool = False  # held by its team's quota after it got a bound
 
 
 def generate_trace(hosts: list[HostSnapshot], hours: float, load: float, seed: int) -> list[tuple]:
@@ -383,6 +384,7 @@ def simulate(
     figures["partial_free_gpus"] = round(sum(p for _, p in split) / samples, 1)
     figures["quota_violations"] = quotas.violations
     figures["starved"] = starved(jobs, queue, horizon)
+    figures["late_over_quota"] = len(late(jobs, queue, horizon)) - figures["starved"]
     figures["bounded"] = sum(job.bound_s is not None for job in jobs)
     return figures
 
@@ -488,7 +490,7 @@ def main() -> None:
         "stranded_gpus",
     ]
     columns += ["partly_used_hosts", "partly_used_by_multi_node", "whole_free_gpus", "partial_free_gpus"]
-    columns += ["max_wait_s", "bounded", "starved", "quota_violations"]
+    columns += ["max_wait_s", "bounded", "starved", "late_over_quota", "quota_violations"]
     print_table(list(results.values()), columns)
     summary = {
         "bench": "churn",

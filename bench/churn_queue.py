@@ -87,7 +87,8 @@ def start(state, job, result: Plan, now: float, events, running_on, slowdown, qu
         running_on.setdefault(node.host_id, set()).add(job.number)
     job.placed, job.end_s = True, now + job.remaining_s * job.slowdown
     job.requested_end_s = now + job.remaining_s * job.slowdown * job.over_ask
-    job.started_s = now
+    if job.started_s is None:  # its first start (a host failure may requeue it later)
+        job.started_s = now
     heapq.heappush(events, (job.end_s, 0, "end", job.number))
 
 
@@ -155,6 +156,7 @@ class GoodputQueue:
         self._usable.clear()
         for job in queue:
             if not quotas.admits(job):
+                job.quota_blocked |= job.bound_s is not None  # its own team's use holds it, not the queue
                 still.append(job)
                 continue
             own = self.windows.get(job.number)
@@ -324,14 +326,26 @@ class GoodputQueue:
 
     @staticmethod
     def _check_bound(job, now: float) -> None:
-        if job.bound_s is not None and now > job.bound_s + BOUND_SLACK_S:
+        """Late: its first start came after the first bound it was given (a restart after a host failure
+        is not a start bound's business)."""
+        if job.bound_s is not None and job.started_s > job.bound_s + BOUND_SLACK_S:
             job.late = True
 
 
-def starved(jobs, queue, horizon: float) -> int:
+def late(jobs, queue, horizon: float) -> list:
     """Requests that started after their first start bound, or still wait past it at the end."""
-    late = sum(1 for job in jobs if getattr(job, "late", False))
-    return late + sum(1 for job in queue if job.bound_s is not None and horizon > job.bound_s + BOUND_SLACK_S)
+    waiting = {
+        job.number
+        for job in queue
+        if job.started_s is None and job.bound_s is not None and horizon > job.bound_s + BOUND_SLACK_S
+    }
+    return [job for job in jobs if job.late or job.number in waiting]
+
+
+def starved(jobs, queue, horizon: float) -> int:
+    """Late requests (`late`) whose own team's quota never held them after they got their bound: late
+    because of the queue. (Over its cap a request has no bound in Volt: clusters/reservations.py.)"""
+    return sum(1 for job in late(jobs, queue, horizon) if not job.quota_blocked)
 
 
 def _level_of(state, hosts: list[tuple[float, str]]) -> str | None:

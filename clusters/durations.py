@@ -116,14 +116,16 @@ def extend(cluster: Cluster, user: AbstractBaseUser, seconds: int) -> Cluster:
             raise CannotExtend(f"{fresh.name} has no requested duration: it runs until terminated.")
         # From now at the earliest: an end already past (its termination pending) is not "extended" into
         # another past time.
-        new_end = max(fresh.ends_at, timezone.now()) + timedelta(seconds=seconds)
+        base = max(fresh.ends_at, timezone.now())
+        new_end = base + timedelta(seconds=seconds)
         window = reservations.conflicts_with_extension(fresh, new_end)
-        if window is not None:  # its hosts are promised to a request ahead in the queue from then
-            most = max(0, int((window.start - fresh.ends_at).total_seconds()))
+        if window is not None:  # its hosts are promised to a queued request from then
+            most = int((window.start - base).total_seconds())
+            room = f"extend by at most {describe(most)}" if most >= 60 else "it cannot be extended"
             raise CannotExtend(
                 f"{fresh.name}'s hosts are reserved for queued cluster #{window.cluster_id} from "
-                f"{window.start:%Y-%m-%d %H:%M} UTC (its start bound): extend by at most {describe(most)}, "
-                "or end this one and request again."
+                f"{window.start:%Y-%m-%d %H:%M} UTC (its start bound): {room}, or end this one and request "
+                "again."
             )
         fresh.ends_at = new_end
         fresh.end_warned_at = None

@@ -27,6 +27,7 @@ its team's quota (its start depends on its team's own use), beyond the reservati
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -46,6 +47,7 @@ NO_BOUND_NO_DURATION = (
     "enough of them have an end)"
 )
 TIMES_PER_REQUEST = 64  # candidate start times planned per request, at most
+BUDGET_S = 20.0  # schedule()'s share of a drain (DRAIN_BUDGET_S, 60 s)
 SPAN = "site"  # a collective request is reserved in one site when one could hold it
 
 
@@ -53,6 +55,8 @@ def span_of(cluster: Cluster, now: datetime) -> str | None:
     """The span a queued cluster waits for until its reservation starts: "site" when its reserved hosts
     are in one site and the reservation is still ahead (it starts there, not earlier across sites)."""
     if cluster.reserved_from is None or now >= cluster.reserved_from or not cluster.reserved_hosts:
+        return None
+    if cluster.spec.get("wait_for_locality") == []:  # it asked never to wait for locality
         return None
     sites = Host.objects.filter(pk__in=cluster.reserved_hosts).values("site_id").distinct().count()
     return SPAN if sites == 1 else None
@@ -85,23 +89,36 @@ def duration_of(spec: dict) -> timedelta | None:
     return timedelta(seconds=int(seconds)) if seconds else None
 
 
-def schedule(now: datetime | None = None) -> dict[int, Window | None]:
+def schedule(now: datetime | None = None, budget_s: float = BUDGET_S) -> dict[int, Window | None]:
     """Plan the reservations of the queue's first VOLT_QUEUE_RESERVATIONS requests and store them on
     their rows (`reserved_from`, `reserved_until`, `reserved_hosts`, or the reason there is no bound).
-    Returns them by cluster id (None: no bound)."""
+    Returns them by cluster id (None: no bound). Past `budget_s` the rest keep what they had (the drain
+    must still place), and one request's planning error is logged and noted, never the drain's end."""
     now = now or timezone.now()
+    deadline = time.monotonic() + budget_s
     depth = settings.VOLT_QUEUE_RESERVATIONS
-    # Those holding a reservation first (in queue order): a reservation given is kept, or moved earlier, so
+    # Those holding a reservation first, earliest first: a reservation given is kept, or moved earlier, so
     # a later arrival of higher priority never pushes a bound back; then the rest of the queue.
     held_first = Case(When(reserved_from__isnull=False, then=Value(0)), default=Value(1))
-    ordered = Cluster.objects.queued().order_by(held_first, F("priority").desc(), "queued_at", "id")
+    ordered = Cluster.objects.queued().order_by(
+        held_first, F("reserved_from").asc(nulls_last=True), F("priority").desc(), "queued_at", "id"
+    )
     queue = list(ordered.select_related("team")[:depth]) if depth else []
     held = _held_gpus()
     ends = sorted({end for host in held.values() for _, end, _ in host.gpus if end is not None})
     windows: list[Window] = []
     result: dict[int, Window | None] = {}
     for cluster in queue:
-        window, why = _reserve(cluster, now, held, ends, windows)
+        if time.monotonic() > deadline:
+            logger.warning(
+                "reservations: planning stopped after %.0f s; the rest keep their bounds", budget_s
+            )
+            return result
+        try:
+            window, why = _reserve(cluster, now, held, ends, windows)
+        except Exception:  # one request's bad state must not stop the queue from draining
+            logger.exception("cluster %s: planning its reservation failed", cluster.pk)
+            window, why = None, "no start bound: planning it failed (see the worker's log)"
         result[cluster.pk] = window
         if window is not None:
             windows.append(window)
@@ -164,7 +181,9 @@ def conflicts_with_extension(cluster: Cluster, new_end: datetime) -> Window | No
     )
     for pk, start, end, reserved in rows:
         window = Window(pk, start, end, frozenset(map(str, reserved)))
-        if window.host_ids & hosts and start < new_end:
+        # Only a reservation from after its current end counted on its hosts being free then (one that
+        # starts earlier shares the host with it, on other GPUs).
+        if window.host_ids & hosts and cluster.ends_at <= start < new_end:
             return window
     return None
 
@@ -192,11 +211,18 @@ def _reserve(
     # A collective request one site could hold is reserved in one site, however much later that is than a
     # plan across sites: the bound holds either way, and across a WAN it would run many times slower
     # (bench/churn.py: 17-162x). Then, if no site could by any time planned, as written.
-    passes = [SPAN] if locality.could_tighten(request, SPAN) else []
+    # A spec that says never to wait for locality (`wait_for_locality: []`) is not held to one site.
+    never_wait = cluster.spec.get("wait_for_locality") == []
+    passes = [SPAN] if not never_wait and locality.could_tighten(request, SPAN) else []
     for span in (*passes, None):
         window = _earliest(cluster, request, span, now, times, snapshots, held, windows, duration)
         if window is not None:
             return window, ""
+    if len(times) > TIMES_PER_REQUEST:
+        return None, (
+            f"no start bound yet: it needs more than the next {TIMES_PER_REQUEST} ends of running clusters "
+            "(a bound is set as they end)"
+        )
     return None, NO_BOUND_NO_DURATION
 
 

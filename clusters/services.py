@@ -155,7 +155,9 @@ def _plan_within_locality(cluster: Cluster, request: placement.PlacementRequest)
     request as written, and a plan wider than it waited for carries the warning."""
     now = timezone.now()
     avoid, windows = reservations.avoid_for(cluster, now)  # hosts reserved for requests ahead
-    span = reservations.span_of(cluster, now) if request.is_collective() else None
+    span = reservations.span_of(cluster, now)
+    if span is not None and not locality.could_tighten(request, span):
+        span = None  # it already requires as tight a span (or none could hold it): planned as written
     if span is not None:  # it holds a reservation in one site: until it starts, only one site will do
         result = planning.plan_request(locality.at_level(request, span), cluster.team_id, avoid)
         if isinstance(result, placement.Refusal):

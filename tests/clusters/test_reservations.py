@@ -207,6 +207,10 @@ def test_a_later_request_of_higher_priority_never_pushes_a_given_bound_back(
     urgent.refresh_from_db()
     assert big.reserved_from == bound
     assert urgent.reserved_from == big.reserved_until  # after the window it would have overlapped
+    drain(committed)  # and again, now that both hold one: the earlier keeps its place
+    big.refresh_from_db()
+    urgent.refresh_from_db()
+    assert (big.reserved_from, urgent.reserved_from) == (bound, big.reserved_until)
 
 
 @pytest.fixture
@@ -248,3 +252,33 @@ def test_a_collective_request_is_reserved_in_one_site_and_does_not_start_across_
     big.refresh_from_db()
     assert big.status == "provisioning"
     assert set(big.nodes.values_list("host__site__name", flat=True)) == {"iad1"}
+
+
+def test_a_request_that_says_never_wait_is_reserved_across_sites(alice, client_for, committed, two_sites):
+    client = client_for(alice)
+    request(client, committed, name="iad1-busy", nodes=2, duration_s=2 * HOUR, regions=["us-east"])
+    ams1_busy = request(client, committed, name="ams1-busy", nodes=1, duration_s=HOUR, regions=["eu-west"])
+    big = request(client, committed, name="big", nodes=3, duration_s=HOUR, wait_for_locality=[])
+    drain(committed)
+    big.refresh_from_db()
+    assert big.reserved_from == ams1_busy.ends_at  # the earliest, across sites, as it asked
+
+
+def test_a_reservation_that_fails_to_plan_is_noted_and_the_queue_still_drains(
+    alice, client_for, committed, busy, monkeypatch
+):
+    from clusters import planning
+
+    client = client_for(alice)
+    big = request(client, committed, name="big", nodes=64, duration_s=HOUR)
+
+    def broken(request):
+        raise RuntimeError("inventory row in a bad state")
+
+    monkeypatch.setattr(planning, "schedulable_snapshots", broken)
+    drain(committed)
+    shown = client.get(f"/api/v1/clusters/{big.pk}/").json()
+    assert shown["starts_by"] is None
+    assert shown["start_bound_note"] == "no start bound: planning it failed (see the worker's log)"
+    small = request(client, committed, name="small", nodes=1, duration_s=HOUR)
+    assert small.status == "provisioning"  # placement goes on
