@@ -102,7 +102,8 @@ def test_a_duration_out_of_range_is_refused_on_the_field(alice, client_for, rack
 def test_the_page_shows_the_end_and_a_team_member_extends_it(timed, alice, root, client):
     client.force_login(alice)
     page = client.get(f"/clusters/{timed.pk}/").content.decode()
-    assert 'id="cluster-ends"' in page and "(in 4h)" in page
+    # A busy machine can take over half a second from placement to the page: 3h 59m is the same answer.
+    assert 'id="cluster-ends"' in page and ("(in 4h)" in page or "(in 3h 59m)" in page)
     response = client.post(f"/clusters/{timed.pk}/extend/", {"hours": "2"}, follow=True)
     timed.refresh_from_db()
     assert f"{timed.name} now ends at {timed.ends_at:%Y-%m-%d %H:%M} UTC." in response.content.decode()
