@@ -109,16 +109,7 @@ class Inventory:
         Costs one block's hosts per shape, not a rebuild: a simulator (bench/churn.py) or a long-lived
         index can follow allocations. The host keeps its place: same model, path and fabric figures.
         """
-        old = self.hosts[host.host_id]
-        key = _group_key(host)
-        if host.gpu_model != old.gpu_model or key != _group_key(old):
-            raise ValueError(f"host {host.host_id} changed model or place; build a new Inventory")
-        self.hosts[host.host_id] = host
-        members = self._blocks[host.gpu_model][key]
-        members[next(i for i, member in enumerate(members) if member.host_id == host.host_id)] = host
-        for (model, count), shape in self._shapes.items():
-            if model == host.gpu_model:
-                _refresh_group(shape, key, members, count)
+        self.update_many((host,))
 
     def update_many(self, hosts: Iterable[HostSnapshot]) -> None:
         """`update` for several hosts, each group refreshed once however many of its hosts changed (a
