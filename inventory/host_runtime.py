@@ -2,21 +2,23 @@
 
 Every node of a cluster (head, workers) and Volt itself, which submits jobs and reads the cluster over
 Ray's HTTP API, must run exactly the same Ray on the same Python minor version; torch and numpy are
-pinned with it so that every node trains with the same code. This module holds those pins and brings
-them to a host through its driver (no Django models here):
+pinned with it so that every node trains with the same code. The pins, the wheelhouse and the image are
+built on the control plane (inventory/runtime_build.py, whose public names this module passes on); this
+module brings them to a host through its driver (no Django models here):
 
-- **The pins**: Volt's own `ray`, `torch` and `numpy`, exactly as installed (`2.13.0+cpu` included), and
-  its Python minor version. Their key, `ray<ray>-torch<torch>-py<x.y>`, names every copy of the runtime.
-- **The wheelhouse**: built once on the control plane (`<VOLT_DATA_DIR>/wheelhouse/<key>/`, `pip download
-  --only-binary=:all:` of the pins and everything they need, plus pip's own wheel) with a manifest of
-  each wheel's size and sha256. Hosts need no internet and no package index.
 - **On the host**: `/opt/volt/runtime-<key>` where Volt may use sudo (or logs in as root), readable and
   runnable by every user (a cluster's own Unix user runs Ray from it), else `~/.volt/runtime-<key>`. A
-  provider may put one at either path beforehand: Volt then only verifies it. The wheels go to
-  `~/.volt/wheelhouse/<key>/` (only those missing or whose sha256 differs are copied, each checked after
-  the copy); the venv is made with `--without-pip` from the host's own Python of Volt's minor version and
-  filled by pip run from its wheel (`python pip.whl/pip install --no-index`), so the host needs no
-  python3-venv's ensurepip either. `.volt-runtime.json` in the venv says Volt installed it, and when.
+  provider may put one at either path beforehand: Volt then only verifies it.
+- **From the image** (the system folder, `VOLT_RUNTIME_IMAGE` on, `mksquashfs` on the control plane): the
+  image goes to `~/.volt/images/<key>.sqfs` (unless there with its sha256; checked after the copy), the
+  venv is made with `--without-pip` from the host's own Python of Volt's minor version, and the image is
+  loop-mounted read-only at `<runtime>/image`; a `.pth` file puts it on the venv's path and the image's
+  console scripts are written into the venv's bin. `.volt-image` records the image's path: the check
+  mounts it again after a reboot. A host that cannot mount it gets the wheels instead.
+- **From the wheels** (every other host): the wheels go to `~/.volt/wheelhouse/<key>/` (only those missing
+  or whose sha256 differs are copied, each checked after the copy); the venv is filled by pip run from its
+  wheel (`python pip.whl/pip install --no-index`), so the host needs no python3-venv's ensurepip either.
+  `.volt-runtime.json` in the venv says Volt installed it, how, and when.
 - **The check** (`inspect`): the venv's python, run with `-I` (nothing of the login's environment), reports
   the versions it holds; anything else than the pins, another Python minor version, or code of Volt or
   Django in it is a problem, named. Provisioning runs it on every SSH node before each cluster.
@@ -24,31 +26,38 @@ them to a host through its driver (no Django models here):
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
-import os
 import shlex
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 
-from django.conf import settings
+from inventory.drivers.base import HostDriver
+from inventory.runtime_build import INSTALL_TIMEOUT_S as INSTALL_TIMEOUT_S
+from inventory.runtime_build import PINNED as PINNED
+from inventory.runtime_build import Image, Wheelhouse, build_image, image_unavailable, mb
+from inventory.runtime_build import RuntimeProblem as RuntimeProblem
+from inventory.runtime_build import build_wheelhouse as build_wheelhouse
+from inventory.runtime_build import key as key
+from inventory.runtime_build import load_wheelhouse as load_wheelhouse
+from inventory.runtime_build import pins as pins
+from inventory.runtime_build import python_version as python_version
+from inventory.runtime_build import requirements as requirements
 
-from inventory.drivers.base import DriverError, HostDriver
-
-PINNED = ("ray", "torch", "numpy")
 # What the runtime must not hold: code on clusters imports neither Django nor Volt.
 FORBIDDEN = ("django", "voltweb", "inventory", "clusters", "jobs")
 MARKER = ".volt-runtime.json"
 SYSTEM_DIR = "/opt/volt"  # where a runtime lives when Volt may use sudo (or logs in as root)
 HOME_DIR = ".volt"  # under the login's home otherwise; the wheelhouse always lives there
-MANIFEST = "MANIFEST.json"
+IMAGE_MOUNT = "image"  # where a runtime installed from the image mounts it, inside the runtime's folder
+IMAGE_RECORD = ".volt-image"  # in the runtime's folder: the image file's path on the host
+MOUNT_OPTIONS = "-t squashfs -o ro,nodev,nosuid,loop"
+DIGEST_CODE = (
+    "import hashlib, sys\n"
+    "with open(sys.argv[1], 'rb') as f:\n"
+    "    print(hashlib.file_digest(f, 'sha256').hexdigest())\n"
+)
 # Prints what a runtime holds: its Python minor version, the pinned packages' versions, foreign modules.
 REPORT_CODE = (
     "import importlib.metadata as m, importlib.util as u, json, sys\n"
@@ -61,39 +70,6 @@ REPORT_CODE = (
     "print(json.dumps({'python': '%d.%d' % sys.version_info[:2], 'versions': {n: v(n) for n in pinned},\n"
     "                  'foreign': [n for n in forbidden if u.find_spec(n) is not None]}))\n"
 )
-INSTALL_TIMEOUT_S = 1800
-
-
-class RuntimeProblem(DriverError):
-    """A host's runtime is missing, does not match Volt's pins, or could not be installed."""
-
-    code = "runtime"
-
-
-def pins() -> dict[str, str]:
-    """Volt's own Ray, torch and numpy, exactly as installed: what every runtime must hold."""
-    return {name: metadata.version(name) for name in PINNED}
-
-
-def python_version() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def key() -> str:
-    """`ray2.60.0-torch2.13.0-py3.11`: names the runtime everywhere (the local runtime's folder too)."""
-    versions = pins()
-    return f"ray{versions['ray']}-torch{versions['torch'].split('+')[0]}-py{python_version()}"
-
-
-def requirements() -> list[str]:
-    versions = pins()
-    # torch by exact version without its local label: `torch==2.13.0` takes the CPU build from the index
-    # (a bare `torch` could be a CUDA one); the wheel's label is checked afterwards, with the others.
-    return [
-        f"ray[default]=={versions['ray']}",
-        f"torch=={versions['torch'].split('+')[0]}",
-        f"numpy=={versions['numpy']}",
-    ]
 
 
 def judge(report: dict) -> list[str]:
@@ -115,100 +91,6 @@ def report_command(python: str) -> str:
     return f"{shlex.quote(python)} -I -c {shlex.quote(REPORT_CODE)} {shlex.quote(json.dumps([PINNED, FORBIDDEN]))}"
 
 
-# --- the wheelhouse (control plane) ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Wheelhouse:
-    path: Path
-    files: dict[str, dict]  # wheel file name -> {"size", "sha256"}
-
-    @property
-    def size(self) -> int:
-        return sum(entry["size"] for entry in self.files.values())
-
-    @property
-    def pip_wheel(self) -> str:
-        return next(name for name in self.files if name.startswith("pip-"))
-
-
-def wheelhouse_path() -> Path:
-    return Path(settings.VOLT_DATA_DIR) / "wheelhouse" / key()
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def load_wheelhouse(where: Path | None = None) -> Wheelhouse | None:
-    """The wheelhouse at `where` if its manifest is there and every wheel it lists has its size."""
-    where = Path(where or wheelhouse_path())
-    try:
-        files = json.loads((where / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return None
-    for name, entry in files.items():
-        try:
-            if (where / name).stat().st_size != entry["size"]:
-                return None
-        except OSError:
-            return None
-    return Wheelhouse(where, files)
-
-
-def build_wheelhouse(log: Callable[[str], None] = lambda _: None) -> Wheelhouse:
-    """The wheelhouse of Volt's pins, built once (`pip download` from Volt's configured index) and kept.
-
-    Concurrent callers (workers bootstrapping several hosts) wait for one build: a lock file beside it.
-    """
-    where = wheelhouse_path()
-    where.parent.mkdir(parents=True, exist_ok=True)
-    with open(where.parent / f"{where.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        built = load_wheelhouse(where)
-        if built is not None:
-            return built
-        building = where.with_name(f"{where.name}.building-{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        shutil.rmtree(where, ignore_errors=True)
-        try:
-            started = time.monotonic()
-            log(f"building the wheelhouse of {', '.join(requirements())} in {where}")
-            command = [
-                sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-input",
-                "--only-binary=:all:", "--dest", str(building), *requirements(), f"pip=={metadata.version('pip')}",
-            ]  # fmt: skip
-            result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-            if result.returncode != 0:
-                raise RuntimeProblem(
-                    f"could not build the runtime's wheelhouse (pip download failed): "
-                    f"{(result.stderr or result.stdout).strip()[-600:]}. Volt's machine needs its package "
-                    "index (or pip's find-links) for this once; hosts never do."
-                )
-            files = {
-                wheel.name: {"size": wheel.stat().st_size, "sha256": sha256_of(wheel)}
-                for wheel in sorted(building.glob("*.whl"))
-            }
-            (building / MANIFEST).write_text(json.dumps({"key": key(), "files": files}, indent=1))
-            building.rename(where)
-            log(f"wheelhouse ready: {len(files)} wheels, {_mb(sum(f['size'] for f in files.values()))} "
-                f"({time.monotonic() - started:.0f} s)")  # fmt: skip
-        finally:
-            shutil.rmtree(building, ignore_errors=True)
-    built = load_wheelhouse(where)
-    if built is None:
-        raise RuntimeProblem(f"the wheelhouse {where} was built but does not read back")
-    return built
-
-
-def _mb(size: int) -> str:
-    return f"{size / 1e6:.0f} MB"
-
-
 # --- on the host -------------------------------------------------------------------------------------
 
 
@@ -227,6 +109,8 @@ class HostRuntime:
     installed_now: bool = False  # this call installed it (else it was found ready and verified)
     wheels_copied: int = 0  # of the wheelhouse, by this call (the others were on the host already)
     wheels: int = 0
+    method: str = ""  # how this call installed it: "image" (one squashfs file, mounted) or "wheels" (pip)
+    image_copied: int = 0  # bytes of the image this call copied (0: it was on the host already)
 
     @property
     def ready(self) -> bool:
@@ -255,7 +139,12 @@ def inspect(driver: HostDriver, path: str) -> HostRuntime:
     """What the runtime at `path` on the host holds, and what is wrong with it (one command)."""
     runtime = HostRuntime(key=key(), path=path, python=f"{path}/bin/python")
     python = shlex.quote(runtime.python)
+    # An image-backed runtime whose mount went with a reboot (or a lab machine's power-off) is mounted again.
+    image, mounted = shlex.quote(f"{path}/{IMAGE_RECORD}"), shlex.quote(f"{path}/{IMAGE_MOUNT}")
     command = (
+        f"if [ -f {image} ] && ! mountpoint -q {mounted}; then "
+        f'if [ "$(id -u)" = 0 ]; then S=; else S="sudo -n"; fi; '
+        f'$S mount {MOUNT_OPTIONS} "$(cat {image})" {mounted} 2>&1 | sed "s/^/@@unmounted /"; fi; '
         f"if [ -x {python} ]; then echo @@exists; cat {shlex.quote(f'{path}/{MARKER}')} 2>/dev/null "
         f"&& echo; echo @@report; {report_command(runtime.python)}; fi"
     )
@@ -263,6 +152,11 @@ def inspect(driver: HostDriver, path: str) -> HostRuntime:
     if "@@exists" not in result.stdout:
         return runtime
     runtime.exists = True
+    unmounted = [
+        line[len("@@unmounted ") :] for line in result.stdout.splitlines() if line.startswith("@@unm")
+    ]
+    if unmounted:
+        runtime.problems.append(f"its image could not be mounted again: {' '.join(unmounted)[:300]}")
     marker, _, report_text = result.stdout.split("@@exists", 1)[1].partition("@@report")
     runtime.installed_by = "volt" if marker.strip().startswith("{") else "provider"
     try:
@@ -271,7 +165,7 @@ def inspect(driver: HostDriver, path: str) -> HostRuntime:
         runtime.problems.append(f"its python does not run: {(result.stderr or report_text).strip()[-300:]}")
         return runtime
     runtime.versions, runtime.python_version = report.get("versions") or {}, report.get("python", "")
-    runtime.problems = judge(report)
+    runtime.problems += judge(report)
     return runtime
 
 
@@ -326,7 +220,7 @@ def copy_wheelhouse(
     total = sum(wheelhouse.files[name]["size"] for name in missing)
     sent = 0
     for number, name in enumerate(missing, 1):
-        progress(f"copying wheels: {number}/{len(missing)} ({_mb(sent)} of {_mb(total)})")
+        progress(f"copying wheels: {number}/{len(missing)} ({mb(sent)} of {mb(total)})")
         size = wheelhouse.files[name]["size"]
         driver.copy_file(wheelhouse.path / name, f"{remote}/{name}", timeout=max(120.0, size / 5e6))
         sent += size
@@ -349,7 +243,11 @@ def install(
     progress: Callable[[str], None] = lambda _: None,
     wheelhouse: Wheelhouse | None = None,
 ) -> HostRuntime:
-    """Bring Volt's runtime to the host, or verify the one there: idempotent. Raises RuntimeProblem."""
+    """Bring Volt's runtime to the host, or verify the one there: idempotent. Raises RuntimeProblem.
+
+    Where the runtime goes to the system folder (Volt may use sudo, or is root) and this control plane
+    can build the image, the host gets the image, mounted; a host that cannot mount it (no loop device,
+    no squashfs in its kernel) and every other host get the wheels, installed by pip on the host."""
     home = home_of(driver)
     progress("looking for a runtime of Volt's pins")
     found = find(driver, home)
@@ -358,20 +256,58 @@ def install(
     python = base_python(system)
     target = target_path(system, home)
     wheelhouse = wheelhouse or build_wheelhouse(progress)
-    remote, copied = copy_wheelhouse(driver, wheelhouse, home, progress)
     sudo = "sudo -n " if system.get("privilege") == "sudo" else ""
-    parent = shlex.quote(str(Path(target).parent))
+    if target.startswith(SYSTEM_DIR + "/") and not image_unavailable():
+        image = build_image(wheelhouse, progress)
+        runtime = _install_image(driver, home, python, target, image, sudo, progress)
+        if runtime is not None:
+            return runtime
+    return _install_wheels(driver, home, python, target, wheelhouse, sudo, progress)
+
+
+def _prepare(target: str, sudo: str) -> list[str]:
+    """The shell steps that leave an empty folder at `target` (an earlier runtime's image unmounted)."""
+    parent, quoted = shlex.quote(str(Path(target).parent)), shlex.quote(target)
+    mounted = shlex.quote(f"{target}/{IMAGE_MOUNT}")
+    make = (
+        f'{sudo}install -d -m 0755 -o "$(id -u)" -g "$(id -g)" {parent}'
+        if target.startswith(SYSTEM_DIR + "/")
+        else f"mkdir -p {parent}"
+    )
+    return [make, f"if mountpoint -q {mounted}; then {sudo}umount {mounted}; fi", f"rm -rf {quoted}"]
+
+
+def _verified(driver: HostDriver, target: str) -> HostRuntime:
+    runtime = inspect(driver, target)
+    if not runtime.ready:
+        raise RuntimeProblem(
+            f"the runtime installed in {target} does not match: {'; '.join(runtime.problems)}"
+        )
+    runtime.installed_now = True
+    return runtime
+
+
+def _mark(driver: HostDriver, target: str, how: str) -> None:
+    marker = json.dumps({"key": key(), "pins": pins(), "installed_at": time.time(), "by": "volt", "how": how})
+    driver.run(f"printf '%s\\n' {shlex.quote(marker)} > {shlex.quote(f'{target}/{MARKER}')}", timeout=30)
+
+
+def _install_wheels(
+    driver: HostDriver,
+    home: str,
+    python: str,
+    target: str,
+    wheelhouse: Wheelhouse,
+    sudo: str,
+    progress: Callable[[str], None],
+) -> HostRuntime:
+    remote, copied = copy_wheelhouse(driver, wheelhouse, home, progress)
     quoted = shlex.quote(target)
-    steps = [f"rm -rf {quoted}"]
-    if target.startswith(SYSTEM_DIR + "/"):
-        steps.insert(0, f'{sudo}install -d -m 0755 -o "$(id -u)" -g "$(id -g)" {parent}')
-    else:
-        steps.insert(0, f"mkdir -p {parent}")
     progress(f"installing {', '.join(requirements())} from {len(wheelhouse.files)} wheels "
              f"({copied} copied) into {target}")  # fmt: skip
     pip = shlex.quote(f"{remote}/{wheelhouse.pip_wheel}/pip")
     wanted = " ".join(shlex.quote(r) for r in requirements())
-    steps += [
+    steps = _prepare(target, sudo) + [
         f"{shlex.quote(python)} -m venv --without-pip {quoted}",
         f"umask 022 && {quoted}/bin/python {pip} install --quiet --no-index --disable-pip-version-check "
         f"--no-input --no-warn-script-location --find-links {shlex.quote(remote)} {wanted}",
@@ -382,15 +318,95 @@ def install(
         raise RuntimeProblem(
             f"installing the runtime in {target} failed: {(result.stderr or result.stdout).strip()[-600:]}"
         )
-    marker = json.dumps({"key": key(), "pins": pins(), "installed_at": time.time(), "by": "volt"})
-    driver.run(f"printf '%s\\n' {shlex.quote(marker)} > {shlex.quote(f'{target}/{MARKER}')}", timeout=30)
+    _mark(driver, target, "wheels")
     progress("verifying the runtime")
-    runtime = inspect(driver, target)
-    if not runtime.ready:
+    runtime = _verified(driver, target)
+    runtime.method, runtime.wheels_copied, runtime.wheels = "wheels", copied, len(wheelhouse.files)
+    return runtime
+
+
+def copy_image(
+    driver: HostDriver, image: Image, home: str, python: str, progress: Callable[[str], None]
+) -> tuple[str, int]:
+    """Put the image on the host unless it is there with its sha256; the copy is checked before it takes
+    the image's name. Returns the remote path and the bytes copied. The host's own `python` hashes it
+    (hashlib: OpenSSL's SHA-256, several times coreutils' sha256sum where the CPU has SHA extensions)."""
+    remote = f"{home}/{HOME_DIR}/images/{image.path.name}"
+    quoted, part = shlex.quote(remote), shlex.quote(f"{remote}.part")
+    digest = f"{shlex.quote(python)} -I -c {shlex.quote(DIGEST_CODE)}"
+    there = driver.run(
+        f"mkdir -p {shlex.quote(str(Path(remote).parent))} && ({digest} {quoted} 2>/dev/null || true)",
+        timeout=300,
+    )
+    if not there.ok:
         raise RuntimeProblem(
-            f"the runtime installed in {target} does not match: {'; '.join(runtime.problems)}"
+            f"could not make {Path(remote).parent} on the host: {there.stderr.strip()[:300]}"
         )
-    runtime.installed_now, runtime.wheels_copied, runtime.wheels = True, copied, len(wheelhouse.files)
+    if there.stdout.split()[:1] == [image.sha256]:
+        return remote, 0
+    progress(f"copying the runtime image ({mb(image.size)})")
+    driver.copy_file(image.path, f"{remote}.part", timeout=max(120.0, image.size / 5e6))
+    check = driver.run(
+        f'd=$({digest} {part}); if [ "$d" = {image.sha256} ]; then mv -f {part} {quoted}; '
+        f'echo @@good; else rm -f {part}; echo "@@bad $d"; fi',
+        timeout=300,
+    )
+    if "@@good" not in check.stdout:
+        raise RuntimeProblem(
+            f"the runtime image arrived damaged on the host (sha256 differs): {check.stdout[-200:]}"
+        )
+    return remote, image.size
+
+
+def _install_image(
+    driver: HostDriver,
+    home: str,
+    python: str,
+    target: str,
+    image: Image,
+    sudo: str,
+    progress: Callable[[str], None],
+) -> HostRuntime | None:
+    """Install from the image; None where the host cannot mount it (the caller falls back to wheels)."""
+    remote, copied = copy_image(driver, image, home, python, progress)
+    quoted, mounted = shlex.quote(target), shlex.quote(f"{target}/{IMAGE_MOUNT}")
+    progress(f"mounting the runtime image at {target}/{IMAGE_MOUNT}")
+    steps = _prepare(target, sudo) + [
+        "umask 022",
+        f"{shlex.quote(python)} -m venv --without-pip {quoted}",
+        f"mkdir {mounted}",
+        f"chmod -R a+rX {quoted}",
+    ]
+    result = driver.run(" && ".join(steps), timeout=300)
+    if not result.ok:
+        raise RuntimeProblem(
+            f"preparing the runtime in {target} failed: {(result.stderr or result.stdout).strip()[-600:]}"
+        )
+    mount = driver.run(f"{sudo}mount {MOUNT_OPTIONS} {shlex.quote(remote)} {mounted}", timeout=120)
+    if not mount.ok:
+        progress(f"the host cannot mount the image ({(mount.stderr or mount.stdout).strip()[:200]}): "
+                 "installing from the wheelhouse instead")  # fmt: skip
+        return None
+    # The venv finds the image's packages through a .pth file; the image's console scripts (`ray`, …) are
+    # written into the venv's bin with its python in their first line.
+    shebang = shlex.quote(f"#!{target}/bin/python")
+    steps = [
+        "umask 022",
+        f"printf '%s\\n' {mounted} > \"$(echo {quoted}/lib/python*/site-packages)/volt-runtime-image.pth\"",
+        f'(for f in {mounted}/bin/*; do n=$(basename "$f"); [ -e {quoted}/bin/"$n" ] && continue; '
+        f'[ "$(head -c 2 "$f")" = "#!" ] || continue; {{ echo {shebang}; tail -n +2 "$f"; }} > {quoted}/bin/"$n" '
+        f'&& chmod 0755 {quoted}/bin/"$n"; done; true)',
+        f"printf '%s' {shlex.quote(remote)} > {shlex.quote(f'{target}/{IMAGE_RECORD}')}",
+    ]
+    result = driver.run(" && ".join(steps), timeout=120)
+    if not result.ok:
+        raise RuntimeProblem(
+            f"linking the runtime image in {target} failed: {(result.stderr or result.stdout).strip()[-600:]}"
+        )
+    _mark(driver, target, "image")
+    progress("verifying the runtime")
+    runtime = _verified(driver, target)
+    runtime.method, runtime.image_copied = "image", copied
     return runtime
 
 

@@ -129,7 +129,10 @@ def install_runtime(host_id: int) -> Host:
     done = found.as_json() | {"state": "ready", "step": "", "message": "", "took_s": took,
                               "started_at": record["started_at"]}  # fmt: skip
     _save(host, done)
-    if found.installed_now:
+    if found.installed_now and found.method == "image":
+        copied = f"{found.image_copied / 1e6:.0f} MB copied" if found.image_copied else "already on the host"
+        how = f"installed by Volt from its image, {copied}"
+    elif found.installed_now:
         how = f"installed by Volt, {found.wheels_copied} of {found.wheels} wheels copied"
     else:
         how = (

@@ -344,6 +344,13 @@ VOLT_LAB_DIR = Path(env_str("VOLT_LAB_DIR", "/var/lib/volt-lab"))
 # host) is <this>/<cluster's Ray id>, linked from its workdir on every node. "" (default): each host keeps
 # its own folder, which dies with the host.
 VOLT_SSH_SHARED_DIR = env_str("VOLT_SSH_SHARED_DIR", "")
+# Volt's runtime goes to SSH hosts where it may use sudo as one read-only squashfs image (built once on
+# the control plane with mksquashfs, copied, loop-mounted under the runtime's venv) instead of pip
+# unpacking the wheelhouse on each host: inventory/host_runtime.py. Off: always the wheelhouse.
+VOLT_RUNTIME_IMAGE = env_bool("VOLT_RUNTIME_IMAGE", True)
+# Where the control plane keeps the runtime's wheelhouse and image ("": under VOLT_DATA_DIR). Built once
+# per pin set and read by every worker; the test suite points it at one folder for the whole run.
+VOLT_RUNTIME_BUILD_DIR = env_str("VOLT_RUNTIME_BUILD_DIR", "")
 # The checkpoint store (issue 27; voltweb/object_store.py): an S3-compatible endpoint with an AWS-style IAM
 # API, the bucket Volt keeps checkpoints in, and an identity with admin rights there. Unset: no store (the
 # demo and the test run start an embedded SeaweedFS, voltweb/embedded_store.py). Each cluster gets an

@@ -114,6 +114,18 @@ def claim_lab_number() -> tuple[int, object]:
     pytest.fail(f"every test lab number ({TEST_LABS.start}-{TEST_LABS.stop - 1}) is taken")
 
 
+@pytest.fixture(scope="session")
+def runtime_build_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runtime-build")
+
+
+@pytest.fixture(autouse=True)
+def _shared_runtime_build(settings, runtime_build_dir):
+    """Volt's runtime (its wheelhouse and image) is built once for the lab suite, as one install's workers
+    share it, not once per test's data folder."""
+    settings.VOLT_RUNTIME_BUILD_DIR = str(runtime_build_dir)
+
+
 @pytest.fixture(scope="module")
 def lab_number() -> Iterator[int]:
     number, handle = claim_lab_number()
