@@ -203,6 +203,43 @@ def narrow(
     return (replace(request, models=room) if room != request.models else request), ""
 
 
+def room_from(
+    team: Team, request: placement.PlacementRequest, now: datetime | None = None
+) -> tuple[datetime | None, placement.PlacementRequest]:
+    """When the team's own use leaves room for `request` under its quota, from its clusters' requested
+    ends (`Cluster.ends_at`): the first such time at or after now (the month's renewal, if the budget is
+    spent), with the request narrowed to the models that have room then. (None, request) when the room
+    depends on clusters without a duration, which never end as far as Volt knows. The reservation gives
+    an over-quota request its start bound from this (clusters/reservations.py)."""
+    now = now or timezone.now()
+    quota = TeamQuota.objects.filter(team=team).first()
+    if quota is None or quota.is_unlimited:
+        return now, request
+    held = list(
+        Allocation.objects.filter(active=True, cluster__team=team).values_list(
+            "gpu__model", "cluster__ends_at"
+        )
+    )
+    start = now
+    if quota.gpu_hours_per_month is not None:
+        spent = gpu_hours_between([team.pk], month_start(now), now).get(team.pk, 0.0)
+        if spent >= quota.gpu_hours_per_month:
+            start = next_month_start(now)
+    asked = request.nodes * request.gpus_per_node
+    for at in sorted({start, *(end for _, end in held if end is not None and end > start)}):
+        by_model: dict[str, int] = {}
+        for model, end in held:
+            if end is None or end > at:
+                by_model[model] = by_model.get(model, 0) + 1
+        use = QuotaUse(sum(by_model.values()), by_model, 0.0)
+        if _cap_reason(team, quota, use, asked):
+            continue
+        room = tuple(m for m in request.models if not _model_reason(team, quota, use, asked, m))
+        if room:
+            return at, (replace(request, models=room) if room != request.models else request)
+    return None, request
+
+
 def admit(team_id: int, gpus: int, model: str) -> None:
     """Within the caller's transaction, lock the team's quota row and raise OverQuota unless `gpus` more
     `model` GPUs fit it now. Every placement of the team takes this lock first (then the hosts'), so racing

@@ -20,8 +20,10 @@ past its end (Volt terminates it within a beat), a host failed, or a request of 
 the next drain plans again.
 
 A cluster without a duration never ends, as far as this module knows: GPUs it holds are never counted
-on, and a request that needs them gets no bound ("held by clusters without a duration"). So does one over
-its team's quota (its start depends on its team's own use), beyond the reservation depth.
+on, and a request that needs them gets no bound ("held by clusters without a duration"). A request over
+its team's quota is planned from the time its team's own clusters leave room (`quotas.room_from`: their
+requested ends, or the month's renewal of a spent budget); it gets no bound when that room depends on
+clusters without a duration, or when it is beyond the reservation depth.
 """
 
 from __future__ import annotations
@@ -203,11 +205,19 @@ def _reserve(
     except planning.InvalidSpec:
         return None, "no start bound: the request no longer fits the inventory"
     request, over_quota = quotas.narrow(cluster.team, request, now)
+    earliest = now
     if over_quota:
-        return None, f"no start bound while {over_quota}"
+        # Over quota now: it may start once the team's own clusters leave room (their requested ends).
+        earliest, request = quotas.room_from(cluster.team, request, now)
+        if earliest is None:
+            return None, (
+                f"no start bound while {over_quota}: the team's clusters holding its quota have no "
+                "duration (a bound is set once they have an end)"
+            )
     duration = duration_of(cluster.spec)
     snapshots = planning.schedulable_snapshots(request)
-    times = sorted({now, *(e for e in ends if e > now), *(w.end for w in windows if w.end and w.end > now)})
+    candidates = {*(e for e in ends if e > now), *(w.end for w in windows if w.end and w.end > now)}
+    times = sorted({earliest, *(t for t in candidates if t > earliest)})
     # A collective request one site could hold is reserved in one site, however much later that is than a
     # plan across sites: the bound holds either way, and across a WAN it would run many times slower
     # (bench/churn.py: 17-162x). Then, if no site could by any time planned, as written.

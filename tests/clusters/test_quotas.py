@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from clusters import quotas
+from clusters import quotas, services
 from clusters.models import Allocation, Cluster
 from tests.clusters.conftest import spec
 from voltweb.models import TeamEvent
@@ -235,3 +235,35 @@ def test_django_admin_shows_a_teams_quota_read_only(root, team_a, client_for, co
     html = page.get(f"/admin/voltweb/team/{team_a.pk}/change/").content.decode()
     assert "change it on the console" in html and "H100" in html
     assert 'name="quota-0-max_gpus"' not in html  # read-only: no input
+
+
+def test_an_over_cap_request_gets_its_start_bound_from_its_teams_requested_ends(
+    alice, root, team_a, rack, client_for, committed
+):
+    """No starvation over quota either (issue 28.2): the bound is when the team's own clusters leave room,
+    from their durations; where they have none, the request says so instead of a bound."""
+    set_quota(client_for(root), team_a, committed, max_gpus=16)
+    client = client_for(alice)
+    first = request(client, committed, nodes=1, duration_s=2 * 3600, name="two-hours")
+    forever = request(client, committed, nodes=1, name="no-duration")
+    waiting = request(client, committed, nodes=1, duration_s=3600, name="waiting")
+    assert (first.status, forever.status, waiting.status) == ("provisioning", "provisioning", "queued")
+
+    with committed():
+        services.drain_queue()
+
+    data = client.get(f"/api/v1/clusters/{waiting.pk}/").json()
+    first.refresh_from_db()
+    assert data["queue_reason"] == "over quota: Lab A would use 24 of 16 GPUs (16 in use + 8 asked)"
+    assert data["starts_by"].startswith(f"{first.ends_at:%Y-%m-%dT%H:%M:%S}")
+    assert data["start_bound_note"] == ""
+
+    # Without the duration of the cluster whose end would make room, there is no bound, and it says why.
+    Cluster.objects.filter(pk=first.pk).update(ends_at=None, spec={**first.spec, "duration_s": None})
+    with committed():
+        services.drain_queue()
+    data = client.get(f"/api/v1/clusters/{waiting.pk}/").json()
+    assert data["starts_by"] is None
+    assert data["start_bound_note"].startswith("no start bound while over quota: Lab A would use 24 of 16")
+    assert data["start_bound_note"].endswith("the team's clusters holding its quota have no duration "
+                                             "(a bound is set once they have an end)")  # fmt: skip
