@@ -144,14 +144,21 @@ def avoid_for(cluster: Cluster, now: datetime | None = None) -> tuple[frozenset[
     windows overlap its own run from now. Returns (host ids, the windows that hold them)."""
     now = now or timezone.now()
     duration = duration_of(cluster.spec)
-    own_end = now + duration if duration else None
+    return reserved_during(now, now + duration if duration else None, exclude=cluster.pk)
+
+
+def reserved_during(
+    start: datetime, end: datetime | None, exclude: int | None = None
+) -> tuple[frozenset[str], list[Window]]:
+    """The hosts held by queued clusters' reservations (other than `exclude`'s) whose windows overlap
+    [start, end) (end None: for ever). Returns (host ids, the windows that hold them)."""
     rows = (
         Cluster.objects.filter(status=ClusterStatus.QUEUED, reserved_from__isnull=False)
-        .exclude(pk=cluster.pk)
+        .exclude(pk=exclude)
         .values_list("pk", "reserved_from", "reserved_until", "reserved_hosts")
     )
-    windows = [Window(pk, start, end, frozenset(map(str, hosts))) for pk, start, end, hosts in rows]
-    binding = [w for w in windows if w.overlaps(now, own_end)]
+    windows = [Window(pk, first, until, frozenset(map(str, hosts))) for pk, first, until, hosts in rows]
+    binding = [w for w in windows if w.overlaps(start, end)]
     return frozenset().union(*(w.host_ids for w in binding)), binding
 
 

@@ -7,8 +7,9 @@ import logging
 from dataclasses import dataclass
 
 from django.db import IntegrityError
+from django.utils import timezone
 
-from clusters import allocations, placement, planning, transitions
+from clusters import allocations, placement, planning, reservations, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
@@ -52,7 +53,7 @@ def replace_hosts(
     """
     nodes = [n for n in active_nodes(cluster) if n.host_id in host_ids]
     try:
-        plan, level = _replacement_plan(cluster, nodes)
+        plan, level = replacement_plan(cluster, nodes)
     except NoReplacement:
         if not keep_without_replacement:
             _cordon_suspects(cluster, host_ids, reason, context)
@@ -89,7 +90,12 @@ def _cordon_suspects(
             pass
 
 
-def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> tuple[placement.Plan, str]:
+def replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> tuple[placement.Plan, str]:
+    """Where `failed` nodes go: the free host(s) nearest the survivors (near_survivors), a host no queued
+    request's reservation holds during the cluster's remaining run before one that is at the same level.
+    A reserved host still takes a replacement when it is nearer, or the only one: keeping a running
+    cluster whole comes first; the reservation is planned again at the next queue drain (a host failure
+    is one way a queued request can be late for its bound). Raises NoReplacement."""
 
     survivors = [n for n in active_nodes(cluster) if n not in failed]
     request = planning.to_request(cluster.spec)
@@ -106,7 +112,8 @@ def _replacement_plan(cluster: Cluster, failed: list[ClusterNode]) -> tuple[plac
     candidates = [
         s for s in planning.candidate_snapshots(request, team_id=cluster.team_id) if s.host_id not in used
     ]
-    plan, level = near_survivors(request, candidates, survivors)
+    reserved, _ = reservations.reserved_during(timezone.now(), cluster.ends_at, exclude=cluster.pk)
+    plan, level = near_survivors(request, candidates, survivors, reserved)
     if plan is None:
         raise NoReplacement(f"no free host can replace {', '.join(n.host.name for n in failed)}")
     return plan, level
@@ -180,10 +187,14 @@ _LEVEL_WHY = {
 
 
 def near_survivors(
-    request: placement.PlacementRequest, candidates, survivors: list[ClusterNode]
+    request: placement.PlacementRequest,
+    candidates,
+    survivors: list[ClusterNode],
+    reserved: frozenset[str] = frozenset(),
 ) -> tuple[placement.Plan | None, str]:
     """The replacement plan closest to the survivors, and how close: the anchor's (the surviving head, else
-    the first survivor) block, then its fabric, then its site, then anywhere. (None, "") when none fits."""
+    the first survivor) block, then its fabric, then its site, then anywhere. Within a level, hosts not in
+    `reserved` are tried first. (None, "") when none fits."""
     anchor = next((n.host for n in survivors if n.is_head), survivors[0].host if survivors else None)
     tiers = [("anywhere", lambda s: True)]
     if anchor is not None:
@@ -195,7 +206,9 @@ def near_survivors(
         ]
     for level, keep in tiers:
         pool = [s for s in candidates if keep(s)]
-        result = placement.plan(request, pool, validate_inventory=False) if pool else None
-        if isinstance(result, placement.Plan):
-            return result, level
+        unreserved = [s for s in pool if s.host_id not in reserved]
+        for chosen in (unreserved, pool) if len(unreserved) < len(pool) else (pool,):
+            result = placement.plan(request, chosen, validate_inventory=False) if chosen else None
+            if isinstance(result, placement.Plan):
+                return result, level
     return None, ""

@@ -6,11 +6,14 @@ tests/integration/test_recovery.py.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
 from clusters import planning, provision, recovery, transitions
 from clusters.models import Cluster, Recovery
+from clusters.provisioning import replacement
 from voltweb import services as accounts
 from voltweb.choices import TeamRole
 
@@ -58,6 +61,32 @@ def test_a_replacement_goes_to_the_survivors_block_before_a_cheaper_host_elsewhe
     dearer = make_host(rack["r02"][0].block, price="2.90")
     plan, level = replacement_for(ready, node)
     assert (level, plan.host_ids) == ("block", (str(dearer.pk),))
+
+
+def test_a_replacement_takes_a_host_no_queued_reservation_holds_before_one_at_the_same_level(
+    ready, rack, alice, client_for, committed
+):
+    """A queued request's reservation holds two of r01's hosts from now: the replacement takes r01's third.
+    With all three held it still goes to r01 (keeping a running cluster whole comes first; the reservation
+    is planned again at the next drain)."""
+    node = provision.active_nodes(ready)[1]
+    r01 = [str(h.pk) for h in rack["r01"]]
+    with committed():
+        response = client_for(alice).post("/api/v1/clusters/", spec(name="big", nodes=5), format="json")
+    big = Cluster.objects.get(pk=response.json()["id"])
+    assert big.status == "queued"
+    now = timezone.now()
+    held = Cluster.objects.filter(pk=big.pk)
+    held.update(
+        reserved_from=now, reserved_until=now + timedelta(hours=1), reserved_hosts=[int(h) for h in r01[:2]]
+    )
+
+    plan, level = replacement.replacement_plan(ready, [node])
+    assert (level, plan.host_ids) == ("fabric", (r01[2],))
+
+    held.update(reserved_hosts=[int(h) for h in r01])
+    plan, level = replacement.replacement_plan(ready, [node])
+    assert level == "fabric" and plan.host_ids[0] in r01
 
 
 def test_the_record_leaves_out_workers_that_only_lost_their_head(ready):
