@@ -125,10 +125,8 @@ def schedule(now: datetime | None = None, budget_s: float = BUDGET_S) -> dict[in
         if window is not None:
             windows.append(window)
         _store(cluster, window, why)
-    # Clusters that left the queue keep no reservation; beyond the depth, nothing is reserved (and nothing stale stays): they get bounds as they move up.
-    Cluster.objects.exclude(status=ClusterStatus.QUEUED).exclude(
-        reserved_from=None, start_bound_note=""
-    ).update(reserved_from=None, reserved_until=None, reserved_hosts=[], start_bound_note="")
+    # Clusters that left the queue dropped their reservation as they left (transitions.transition); beyond
+    # the depth, nothing is reserved (and nothing stale stays): they get bounds as they move up.
     stale = Cluster.objects.filter(status=ClusterStatus.QUEUED).exclude(pk__in=[c.pk for c in queue])
     stale.exclude(reserved_from=None, start_bound_note="").update(
         reserved_from=None,

@@ -58,8 +58,19 @@ CLUSTER_TRANSITIONS: dict[str, dict[str, str]] = {
 }
 
 
+# What a cluster outside the queue holds of a reservation (clusters/reservations.py): nothing.
+NO_RESERVATION = {"reserved_from": None, "reserved_until": None, "reserved_hosts": [], "start_bound_note": ""}
+
+
 def transition(cluster: Cluster, to: str, reason: str = "", extra: dict | None = None) -> Cluster:
-    """Move `cluster` to `to` from an allowed status (else IllegalTransition), with a timeline event."""
+    """Move `cluster` to `to` from an allowed status (else IllegalTransition), with a timeline event.
+
+    A move past placement (provisioning, failed, terminated, …) drops the cluster's reservation in the
+    same UPDATE: a cluster that left the queue never keeps a start bound, and the queue's planning needs no
+    scan of the whole table for leftovers. PLACING keeps it: a placement that loses a race goes back to
+    the queue with its bound."""
+    if to not in (S.QUEUED, S.PLACING):
+        extra = {**NO_RESERVATION, **(extra or {})}
 
     moved: list[str] = []
 
