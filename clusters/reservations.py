@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
@@ -51,6 +53,8 @@ NO_BOUND_NO_DURATION = (
 TIMES_PER_REQUEST = 64  # candidate start times planned per request, at most
 BUDGET_S = 20.0  # schedule()'s share of a drain (DRAIN_BUDGET_S, 60 s)
 SPAN = "site"  # a collective request is reserved in one site when one could hold it
+LOCK_KEY = "queue-reservations-planning"
+LOCK_SLACK_S = 60  # the lock outlives the planning budget by this much, then a dead holder's expires
 
 
 def span_of(cluster: Cluster, now: datetime) -> str | None:
@@ -95,7 +99,23 @@ def schedule(now: datetime | None = None, budget_s: float = BUDGET_S) -> dict[in
     """Plan the reservations of the queue's first VOLT_QUEUE_RESERVATIONS requests and store them on
     their rows (`reserved_from`, `reserved_until`, `reserved_hosts`, or the reason there is no bound).
     Returns them by cluster id (None: no bound). Past `budget_s` the rest keep what they had (the drain
-    must still place), and one request's planning error is logged and noted, never the drain's end."""
+    must still place), and one request's planning error is logged and noted, never the drain's end.
+
+    One drain plans at a time (a lock in Volt's cache, Redis): two workers draining at once would each
+    plan every reservation against the other's half-written windows. A drain that finds the lock taken
+    plans none and places against the stored ones ({} returned); a lock left by a dead worker expires."""
+    token = uuid.uuid4().hex
+    if not cache.add(LOCK_KEY, token, timeout=int(budget_s) + LOCK_SLACK_S):
+        logger.info("reservations: another drain is planning them; this one places against the stored ones")
+        return {}
+    try:
+        return _schedule(now, budget_s)
+    finally:
+        if cache.get(LOCK_KEY) == token:
+            cache.delete(LOCK_KEY)
+
+
+def _schedule(now: datetime | None, budget_s: float) -> dict[int, Window | None]:
     now = now or timezone.now()
     deadline = time.monotonic() + budget_s
     depth = settings.VOLT_QUEUE_RESERVATIONS

@@ -282,3 +282,29 @@ def test_a_reservation_that_fails_to_plan_is_noted_and_the_queue_still_drains(
     assert shown["start_bound_note"] == "no start bound: planning it failed (see the worker's log)"
     small = request(client, committed, name="small", nodes=1, duration_s=HOUR)
     assert small.status == "provisioning"  # placement goes on
+
+
+def test_one_drain_plans_reservations_at_a_time_and_a_dead_holders_lock_expires(
+    alice, client_for, committed, clock, busy
+):
+    """Two workers draining at once must not both write windows: the second finds the planning lock taken,
+    plans nothing and places against the stored reservations; once the lock is gone, the next drain plans."""
+    from django.core.cache import cache
+
+    from clusters import reservations
+
+    client = client_for(alice)
+    assert cache.add(reservations.LOCK_KEY, "another worker", timeout=60)
+    try:
+        big = request(client, committed, name="big", nodes=64, duration_s=HOUR)
+        drain(committed)
+        assert reservations.schedule() == {}
+        big.refresh_from_db()
+        assert big.status == "queued" and big.reserved_from is None
+    finally:
+        cache.delete(reservations.LOCK_KEY)
+
+    drain(committed)
+    big.refresh_from_db()
+    assert big.reserved_from is not None and len(big.reserved_hosts) == 64
+    assert cache.get(reservations.LOCK_KEY) is None  # released after planning
