@@ -277,6 +277,14 @@ def _prepare(target: str, sudo: str) -> list[str]:
     return [make, f"if mountpoint -q {mounted}; then {sudo}umount {mounted}; fi", f"rm -rf {quoted}"]
 
 
+def _run_steps(driver: HostDriver, steps: list[str], what: str, timeout: float) -> None:
+    """Run shell `steps` on the host as one `&&` chain; RuntimeProblem naming `what` and its output if
+    one fails."""
+    result = driver.run(" && ".join(steps), timeout=timeout)
+    if not result.ok:
+        raise RuntimeProblem(f"{what} failed: {(result.stderr or result.stdout).strip()[-600:]}")
+
+
 def _verified(driver: HostDriver, target: str) -> HostRuntime:
     runtime = inspect(driver, target)
     if not runtime.ready:
@@ -313,11 +321,7 @@ def _install_wheels(
         f"--no-input --no-warn-script-location --find-links {shlex.quote(remote)} {wanted}",
         f"chmod -R a+rX {quoted}",
     ]
-    result = driver.run(" && ".join(steps), timeout=INSTALL_TIMEOUT_S)
-    if not result.ok:
-        raise RuntimeProblem(
-            f"installing the runtime in {target} failed: {(result.stderr or result.stdout).strip()[-600:]}"
-        )
+    _run_steps(driver, steps, f"installing the runtime in {target}", INSTALL_TIMEOUT_S)
     _mark(driver, target, "wheels")
     progress("verifying the runtime")
     runtime = _verified(driver, target)
@@ -377,11 +381,7 @@ def _install_image(
         f"mkdir {mounted}",
         f"chmod -R a+rX {quoted}",
     ]
-    result = driver.run(" && ".join(steps), timeout=300)
-    if not result.ok:
-        raise RuntimeProblem(
-            f"preparing the runtime in {target} failed: {(result.stderr or result.stdout).strip()[-600:]}"
-        )
+    _run_steps(driver, steps, f"preparing the runtime in {target}", 300)
     mount = driver.run(f"{sudo}mount {MOUNT_OPTIONS} {shlex.quote(remote)} {mounted}", timeout=120)
     if not mount.ok:
         progress(f"the host cannot mount the image ({(mount.stderr or mount.stdout).strip()[:200]}): "
@@ -398,11 +398,7 @@ def _install_image(
         f'&& chmod 0755 {quoted}/bin/"$n"; done; true)',
         f"printf '%s' {shlex.quote(remote)} > {shlex.quote(f'{target}/{IMAGE_RECORD}')}",
     ]
-    result = driver.run(" && ".join(steps), timeout=120)
-    if not result.ok:
-        raise RuntimeProblem(
-            f"linking the runtime image in {target} failed: {(result.stderr or result.stdout).strip()[-600:]}"
-        )
+    _run_steps(driver, steps, f"linking the runtime image in {target}", 120)
     _mark(driver, target, "image")
     progress("verifying the runtime")
     runtime = _verified(driver, target)

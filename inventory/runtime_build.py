@@ -24,7 +24,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -120,15 +121,23 @@ def load_wheelhouse(where: Path | None = None) -> Wheelhouse | None:
     return Wheelhouse(where, files)
 
 
+@contextmanager
+def _one_build(where: Path) -> Iterator[None]:
+    """Held while `where` is built: concurrent builders (workers bootstrapping several hosts) wait on a
+    lock file beside it, then find it built."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    with open(where.parent / f"{where.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build_wheelhouse(log: Callable[[str], None] = lambda _: None) -> Wheelhouse:
     """The wheelhouse of Volt's pins, built once (`pip download` from Volt's configured index) and kept.
 
     Concurrent callers (workers bootstrapping several hosts) wait for one build: a lock file beside it.
     """
     where = wheelhouse_path()
-    where.parent.mkdir(parents=True, exist_ok=True)
-    with open(where.parent / f"{where.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _one_build(where):
         built = load_wheelhouse(where)
         if built is not None:
             return built
@@ -216,9 +225,7 @@ def load_image(where: Path | None = None) -> Image | None:
 def build_image(wheelhouse: Wheelhouse, log: Callable[[str], None] = lambda _: None) -> Image:
     """The runtime's image, built once from the wheelhouse and kept (one build for concurrent callers)."""
     where = image_path()
-    where.parent.mkdir(parents=True, exist_ok=True)
-    with open(where.parent / f"{where.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _one_build(where):
         built = load_image(where)
         if built is not None:
             return built
