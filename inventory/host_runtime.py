@@ -27,6 +27,7 @@ module brings them to a host through its driver (no Django models here):
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import time
 from collections.abc import Callable
@@ -44,6 +45,8 @@ from inventory.runtime_build import load_wheelhouse as load_wheelhouse
 from inventory.runtime_build import pins as pins
 from inventory.runtime_build import python_version as python_version
 from inventory.runtime_build import requirements as requirements
+
+logger = logging.getLogger(__name__)
 
 # What the runtime must not hold: code on clusters imports neither Django nor Volt.
 FORBIDDEN = ("django", "voltweb", "inventory", "clusters", "jobs")
@@ -258,8 +261,13 @@ def install(
     wheelhouse = wheelhouse or build_wheelhouse(progress)
     sudo = "sudo -n " if system.get("privilege") == "sudo" else ""
     if target.startswith(SYSTEM_DIR + "/") and not image_unavailable():
-        image = build_image(wheelhouse, progress)
-        runtime = _install_image(driver, home, python, target, image, sudo, progress)
+        try:
+            image = build_image(wheelhouse, progress)
+        except RuntimeProblem as exc:  # the control plane's problem: the host still gets its runtime
+            logger.warning("the runtime image could not be built, hosts get the wheels: %s", exc)
+            progress(f"the runtime image could not be built ({exc}): installing from the wheelhouse")
+            image = None
+        runtime = _install_image(driver, home, python, target, image, sudo, progress) if image else None
         if runtime is not None:
             return runtime
     return _install_wheels(driver, home, python, target, wheelhouse, sudo, progress)

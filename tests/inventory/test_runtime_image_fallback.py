@@ -1,0 +1,116 @@
+"""When the runtime's image cannot be used, a host still gets Volt's runtime, from the wheels (issue 25 item
+2): a host that cannot mount it (no loop device, no squashfs in its kernel), and a control plane that cannot
+build it. The host is the outer seam here: a driver that answers as a host with sudo would, whose `mount` of
+the image fails. The real install is in tests/lab/test_runtime.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from inventory import host_runtime, runtime_build
+from inventory.drivers.base import CommandResult, HostDriver
+
+SYSTEM = {
+    "privilege": "sudo",
+    "pythons": [{"path": "/usr/bin/python3", "version": host_runtime.python_version()}],
+}
+
+
+class SudoHost(HostDriver):
+    """A host with sudo: every step works except mounting the image; its runtime reports Volt's pins once
+    pip has run in it."""
+
+    address = "volt@gpu-7"
+
+    def __init__(self):
+        self.commands: list[str] = []
+        self.copied: list[str] = []
+        self.installed_by_pip = False
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        self.commands.append(command)
+        if command.startswith('printf "%s" "$HOME"'):
+            return CommandResult(0, "/home/volt", "")
+        if "@@exists" in command:  # the check of a runtime
+            if not self.installed_by_pip:
+                return CommandResult(0, "", "")
+            report = {"python": host_runtime.python_version(), "versions": host_runtime.pins(), "foreign": []}
+            return CommandResult(0, f'@@exists\n{{"by": "volt"}}\n@@report\n{json.dumps(report)}\n', "")
+        if "mount -t squashfs" in command:
+            return CommandResult(32, "", "mount: /opt/volt/runtime/image: failed to setup loop device.")
+        if "sha256sum -- " in command and "mkdir -p" not in command:  # the check of the wheels it received
+            return CommandResult(0, "".join(f"{'0' * 64}  {Path(p).name}\n" for p in self.copied), "")
+        if "@@good" in command:
+            return CommandResult(0, "@@good\n", "")
+        if " install --quiet --no-index" in command:
+            self.installed_by_pip = True
+        return CommandResult(0, "", "")
+
+    def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:
+        self.copied.append(remote_path)
+
+    def check_reachable(self, timeout: float | None = None) -> None:
+        return None
+
+
+@pytest.fixture
+def wheelhouse(settings, tmp_path) -> runtime_build.Wheelhouse:
+    """A wheelhouse of pip's wheel alone, in a build folder of the test's own."""
+    assert shutil.which("mksquashfs"), (
+        "the image needs mksquashfs: apt-get install squashfs-tools (.ci/run does)"
+    )
+    settings.VOLT_RUNTIME_BUILD_DIR = str(tmp_path / "build")
+    settings.VOLT_RUNTIME_IMAGE = True
+    where = tmp_path / "wheels"
+    where.mkdir()
+    (where / "pip-24.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+    return runtime_build.Wheelhouse(where, {"pip-24.0-py3-none-any.whl": {"size": 18, "sha256": "0" * 64}})
+
+
+def test_a_host_that_cannot_mount_the_image_gets_the_wheels_and_says_why(wheelhouse):
+    image = tmp_image(wheelhouse)
+    host, steps = SudoHost(), []
+
+    runtime = host_runtime.install(host, SYSTEM, steps.append, wheelhouse=wheelhouse)
+
+    assert runtime.ready and (runtime.method, runtime.wheels_copied) == ("wheels", 1)
+    assert any(step.startswith("copying the runtime image") for step in steps)
+    assert any("the host cannot mount the image (mount: /opt/volt/runtime/image: failed to setup loop device.)"
+               in step for step in steps)  # fmt: skip
+    assert host.copied == [f"/home/volt/.volt/images/{image.path.name}.part",
+                           f"/home/volt/.volt/wheelhouse/{host_runtime.key()}/pip-24.0-py3-none-any.whl"]  # fmt: skip
+
+
+def test_a_control_plane_that_cannot_build_the_image_installs_from_the_wheels(wheelhouse):
+    host, steps = SudoHost(), []
+
+    # pip cannot install Volt's pins from a wheelhouse of pip alone: the image's build fails.
+    runtime = host_runtime.install(host, SYSTEM, steps.append, wheelhouse=wheelhouse)
+
+    assert runtime.ready and runtime.method == "wheels"
+    failed = next(step for step in steps if step.startswith("the runtime image could not be built"))
+    assert "could not build the runtime's image (python" in failed and failed.endswith(
+        "installing from the wheelhouse"
+    )
+    assert runtime_build.load_image() is None
+    assert not any(".volt/images" in path for path in host.copied)
+
+
+def tmp_image(wheelhouse: runtime_build.Wheelhouse) -> runtime_build.Image:
+    """An image as build_image leaves one (a small squashfs and its record), made with mksquashfs."""
+    where = runtime_build.image_path()
+    where.parent.mkdir(parents=True)
+    content = where.parent / "content"
+    content.mkdir()
+    (content / "marker").write_text("an image")
+    subprocess.run(["mksquashfs", str(content), str(where), "-quiet", "-no-progress"], check=True)
+    record = {"size": where.stat().st_size, "sha256": runtime_build.sha256_of(where)}
+    runtime_build.record_path(where).write_text(json.dumps(record))
+    image = runtime_build.load_image()
+    assert image is not None
+    return image
