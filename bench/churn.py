@@ -52,14 +52,14 @@ import random
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit_json, percentile, print_table  # noqa: E402
 from bench.churn_queue import OVER_ASK, GoodputQueue, Quotas, drain_today, late, starved, stop  # noqa: E402
-from bench.churn_state import Cluster  # noqa: E402
+from bench.churn_state import Cluster, Job  # noqa: E402
 from clusters.placement import (  # noqa: E402
     DECLARED_HOST_GBPS,
     HostSnapshot,
@@ -157,31 +157,6 @@ def _fabric(rng, region, site, fabric, backbone, provider, flat_prices) -> list[
                 )
             )
     return hosts
-
-
-@dataclass
-class Job:
-    """One request of the trace and what happened to it under one policy."""
-
-    number: int
-    arrival_s: float
-    duration_s: float
-    request: PlacementRequest
-    remaining_s: float = 0.0
-    queued_since_s: float = 0.0
-    wait_s: float = 0.0
-    placed: bool = False
-    plan: Plan | None = None  # the running plan
-    first_plan: Plan | None = None  # the plan it first started on (what the shares count)
-    end_s: float = math.inf
-    slowdown: float = 1.0  # time on its plan / time at rack speed, for the same work (`Slowdown`)
-    hosts: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    over_ask: float = 1.0  # its requested duration / its actual run time (bench/churn_queue.py)
-    requested_end_s: float = math.inf
-    started_s: float | None = None
-    bound_s: float | None = None  # the first start bound it was given (volt_goodput)
-    late: bool = False  # started after that bound
-    quota_blocked: bool = False  # held by its team's quota after it got a bound
 
 
 def generate_trace(hosts: list[HostSnapshot], hours: float, load: float, seed: int) -> list[tuple]:

@@ -1,17 +1,40 @@
-"""The churn bench's simulated inventory under one policy (bench/churn.py): free GPUs per host, hosts up
-or down, hosts held for reservations, and for Volt's policies one placement index kept current."""
+"""The churn bench's simulated state (bench/churn.py): a request of the trace and what happened to it (`Job`),
+and the inventory under one policy: free GPUs per host, hosts up or down, hosts held for reservations, and
+for Volt's policies one placement index kept current."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
 
 from clusters.placement import HostSnapshot, Inventory, PlacementRequest, Plan, best_fit, first_fit, plan
 from clusters.placement.nodes import node_gpus
 
-if TYPE_CHECKING:
-    from bench.churn import Job
+
+@dataclass
+class Job:
+    """One request of the trace and what happened to it under one policy."""
+
+    number: int
+    arrival_s: float
+    duration_s: float
+    request: PlacementRequest
+    remaining_s: float = 0.0
+    queued_since_s: float = 0.0
+    wait_s: float = 0.0
+    placed: bool = False
+    plan: Plan | None = None  # the running plan
+    first_plan: Plan | None = None  # the plan it first started on (what the shares count)
+    end_s: float = math.inf
+    slowdown: float = 1.0  # time on its plan / time at rack speed, for the same work (`Slowdown`)
+    hosts: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    over_ask: float = 1.0  # its requested duration / its actual run time (bench/churn_queue.py)
+    requested_end_s: float = math.inf
+    started_s: float | None = None
+    bound_s: float | None = None  # the first start bound it was given (volt_goodput)
+    late: bool = False  # started after that bound
+    quota_blocked: bool = False  # held by its team's quota after it got a bound
 
 
 class Cluster:
