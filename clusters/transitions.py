@@ -58,8 +58,9 @@ CLUSTER_TRANSITIONS: dict[str, dict[str, str]] = {
 }
 
 
-# What a cluster outside the queue holds of a reservation (clusters/reservations.py): nothing.
-NO_RESERVATION = {"reserved_from": None, "reserved_until": None, "reserved_hosts": [], "start_bound_note": ""}
+def no_reservation() -> dict:
+    """What a cluster outside the queue holds of a reservation (clusters/reservations.py): nothing."""
+    return {"reserved_from": None, "reserved_until": None, "reserved_hosts": [], "start_bound_note": ""}
 
 
 def transition(cluster: Cluster, to: str, reason: str = "", extra: dict | None = None) -> Cluster:
@@ -70,7 +71,7 @@ def transition(cluster: Cluster, to: str, reason: str = "", extra: dict | None =
     scan of the whole table for leftovers. PLACING keeps it: a placement that loses a race goes back to
     the queue with its bound."""
     if to not in (S.QUEUED, S.PLACING):
-        extra = {**NO_RESERVATION, **(extra or {})}
+        extra = {**no_reservation(), **(extra or {})}
 
     moved: list[str] = []
 

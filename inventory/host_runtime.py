@@ -147,7 +147,9 @@ def inspect(driver: HostDriver, path: str) -> HostRuntime:
     command = (
         f"if [ -f {image} ] && ! mountpoint -q {mounted}; then "
         f'if [ "$(id -u)" = 0 ]; then S=; else S="sudo -n"; fi; '
-        f'$S mount {MOUNT_OPTIONS} "$(cat {image})" {mounted} 2>&1 | sed "s/^/@@unmounted /"; fi; '
+        # Two checks at once (two clusters' bring-ups) must not mount it twice: one at a time, then again.
+        f"(flock 9; mountpoint -q {mounted} || "
+        f'$S mount {MOUNT_OPTIONS} "$(cat {image})" {mounted} 2>&1 | sed "s/^/@@unmounted /") 9<{image}; fi; '
         f"if [ -x {python} ]; then echo @@exists; cat {shlex.quote(f'{path}/{MARKER}')} 2>/dev/null "
         f"&& echo; echo @@report; {report_command(runtime.python)}; fi"
     )
@@ -282,7 +284,9 @@ def _prepare(target: str, sudo: str) -> list[str]:
         if target.startswith(SYSTEM_DIR + "/")
         else f"mkdir -p {parent}"
     )
-    return [make, f"if mountpoint -q {mounted}; then {sudo}umount {mounted}; fi", f"rm -rf {quoted}"]
+    # Every mount of it (a check may have stacked one on another), each unmount checked.
+    unmount = f"while mountpoint -q {mounted}; do {sudo}umount {mounted} || exit 1; done"
+    return [make, unmount, f"rm -rf {quoted}"]
 
 
 def _run_steps(driver: HostDriver, steps: list[str], what: str, timeout: float) -> None:

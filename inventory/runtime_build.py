@@ -222,6 +222,19 @@ def load_image(where: Path | None = None) -> Image | None:
         return None
 
 
+def _build_step(command: list[str]) -> None:
+    """One step of the image's build; RuntimeProblem (which sends hosts the wheels) however it fails."""
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise RuntimeProblem(f"could not build the runtime's image ({Path(command[0]).name}: {exc})") from exc
+    if result.returncode != 0:
+        raise RuntimeProblem(
+            f"could not build the runtime's image ({Path(command[0]).name} failed): "
+            f"{(result.stderr or result.stdout).strip()[-600:]}"
+        )
+
+
 def build_image(wheelhouse: Wheelhouse, log: Callable[[str], None] = lambda _: None) -> Image:
     """The runtime's image, built once from the wheelhouse and kept (one build for concurrent callers)."""
     where = image_path()
@@ -236,23 +249,27 @@ def build_image(wheelhouse: Wheelhouse, log: Callable[[str], None] = lambda _: N
         try:
             started = time.monotonic()
             log(f"building the runtime's image from {len(wheelhouse.files)} wheels in {where}")
+            # Every user on a host runs from the image (a cluster's own Unix user), and nothing can change its
+            # modes there: world-readable whatever this worker's umask (`chmod -R a+rX`), owned by root.
             steps = [
                 [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
                  "--no-index", "--no-warn-script-location", "--find-links", str(wheelhouse.path),
                  "--target", str(staging), *requirements()],
+                ["chmod", "-R", "a+rX", str(staging)],
                 ["mksquashfs", str(staging), str(packed), "-comp", "zstd", "-Xcompression-level", "9",
                  "-all-root", "-noappend", "-quiet", "-no-progress"],
             ]  # fmt: skip
             for command in steps:
-                result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-                if result.returncode != 0:
-                    raise RuntimeProblem(
-                        f"could not build the runtime's image ({Path(command[0]).name} failed): "
-                        f"{(result.stderr or result.stdout).strip()[-600:]}"
-                    )
-            record = {"key": key(), "size": packed.stat().st_size, "sha256": sha256_of(packed)}
-            packed.rename(where)
-            record_path(where).write_text(json.dumps(record))
+                _build_step(command)
+            record_path(where).unlink(missing_ok=True)  # no record of an earlier image may vouch for this one
+            try:
+                record = {"key": key(), "size": packed.stat().st_size, "sha256": sha256_of(packed)}
+                packed.rename(where)
+                written = record_path(where).with_name(f"{record_path(where).name}.{os.getpid()}")
+                written.write_text(json.dumps(record))
+                written.rename(record_path(where))
+            except OSError as exc:
+                raise RuntimeProblem(f"could not keep the runtime's image in {where.parent}: {exc}") from exc
             log(f"runtime image ready: {mb(record['size'])} ({time.monotonic() - started:.0f} s)")
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -7,6 +7,8 @@ mounted again by the check. With the image off, the wheelhouse is copied and pip
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from inventory import host_runtime, runtime_build, runtimes, services
@@ -101,6 +103,16 @@ def test_a_fresh_machine_gets_volts_runtime_over_ssh_and_a_stale_one_is_refused_
     lab.manage("power-off", "nw-01")
     lab.manage("power-on", "nw-01")
     assert "not a mountpoint" in lab.ssh("nw-01", f"mountpoint {path}/image || true")
+    # Two checks at once (two clusters' bring-ups on the host) mount it once between them.
+    drivers = [lab.driver("nw-01"), lab.driver("nw-01")]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            found = list(pool.map(host_runtime.find, drivers))
+    finally:
+        for driver in drivers:
+            driver.close()
+    assert [(r.ready, r.problems) for r in found] == [(True, []), (True, [])]
+    assert lab.ssh("nw-01", f"findmnt -n {path}/image | wc -l").strip() == "1"
     assert runtimes.check_nodes([host]) == {}
     assert "is a mountpoint" in lab.ssh("nw-01", f"mountpoint {path}/image")
 
