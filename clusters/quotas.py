@@ -203,41 +203,64 @@ def narrow(
     return (replace(request, models=room) if room != request.models else request), ""
 
 
-def room_from(
-    team: Team, request: placement.PlacementRequest, now: datetime | None = None
-) -> tuple[datetime | None, placement.PlacementRequest]:
-    """When the team's own use leaves room for `request` under its quota, from its clusters' requested
-    ends (`Cluster.ends_at`): the first such time at or after now (the month's renewal, if the budget is
-    spent), with the request narrowed to the models that have room then. (None, request) when the room
-    depends on clusters without a duration, which never end as far as Volt knows. The reservation gives
-    an over-quota request its start bound from this (clusters/reservations.py)."""
-    now = now or timezone.now()
-    quota = TeamQuota.objects.filter(team=team).first()
-    if quota is None or quota.is_unlimited:
-        return now, request
-    held = list(
-        Allocation.objects.filter(active=True, cluster__team=team).values_list(
-            "gpu__model", "cluster__ends_at"
+@dataclass(frozen=True)
+class Planned:
+    """GPUs a queued request of the team is planned to hold from `start` until `end` (None: for ever)."""
+
+    start: datetime
+    end: datetime | None
+    gpus: int
+    model: str
+
+
+class TeamRoom:
+    """A team's quota against its use over time, for the queue's reservations (clusters/reservations.py):
+    its clusters' GPUs held until their requested ends (`Cluster.ends_at`; none: for ever), and the GPUs its
+    other queued requests are planned to hold. Read once per request planned (one query, two with a
+    budget)."""
+
+    def __init__(self, team: Team, quota: TeamQuota, now: datetime):
+        self.team, self.quota = team, quota
+        self.held = list(
+            Allocation.objects.filter(active=True, cluster__team=team).values_list(
+                "gpu__model", "cluster__ends_at"
+            )
         )
-    )
-    start = now
-    if quota.gpu_hours_per_month is not None:
-        spent = gpu_hours_between([team.pk], month_start(now), now).get(team.pk, 0.0)
-        if spent >= quota.gpu_hours_per_month:
-            start = next_month_start(now)
-    asked = request.nodes * request.gpus_per_node
-    for at in sorted({start, *(end for _, end in held if end is not None and end > start)}):
+        self.renews: datetime | None = None  # the budget is spent: nothing starts before it renews
+        if quota.gpu_hours_per_month is not None:
+            spent = gpu_hours_between([team.pk], month_start(now), now).get(team.pk, 0.0)
+            if spent >= quota.gpu_hours_per_month:
+                self.renews = next_month_start(now)
+
+    @classmethod
+    def of(cls, team: Team, now: datetime) -> TeamRoom | None:
+        """None for a team without a quota (or an unlimited one)."""
+        quota = TeamQuota.objects.filter(team=team).first()
+        return None if quota is None or quota.is_unlimited else cls(team, quota, now)
+
+    def times(self) -> set[datetime]:
+        """When its room may grow: its clusters' ends, and the budget's renewal."""
+        return {end for _, end in self.held if end is not None} | ({self.renews} if self.renews else set())
+
+    def models_at(
+        self, request: placement.PlacementRequest, at: datetime, end: datetime | None, planned: list[Planned]
+    ) -> tuple[str, ...]:
+        """The models of `request` whose caps leave room for it over [at, end), counting every cluster of
+        the team still running at `at` and every planned request overlapping that run; () if none."""
+        if self.renews is not None and at < self.renews:
+            return ()
         by_model: dict[str, int] = {}
-        for model, end in held:
-            if end is None or end > at:
+        for model, until in self.held:
+            if until is None or until > at:
                 by_model[model] = by_model.get(model, 0) + 1
+        for other in planned:
+            if (end is None or other.start < end) and (other.end is None or other.end > at):
+                by_model[other.model] = by_model.get(other.model, 0) + other.gpus
         use = QuotaUse(sum(by_model.values()), by_model, 0.0)
-        if _cap_reason(team, quota, use, asked):
-            continue
-        room = tuple(m for m in request.models if not _model_reason(team, quota, use, asked, m))
-        if room:
-            return at, (replace(request, models=room) if room != request.models else request)
-    return None, request
+        asked = request.nodes * request.gpus_per_node
+        if _cap_reason(self.team, self.quota, use, asked):
+            return ()
+        return tuple(m for m in request.models if not _model_reason(self.team, self.quota, use, asked, m))
 
 
 def admit(team_id: int, gpus: int, model: str) -> None:

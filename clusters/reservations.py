@@ -20,10 +20,11 @@ past its end (Volt terminates it within a beat), a host failed, or a request of 
 the next drain plans again.
 
 A cluster without a duration never ends, as far as this module knows: GPUs it holds are never counted
-on, and a request that needs them gets no bound ("held by clusters without a duration"). A request over
-its team's quota is planned from the time its team's own clusters leave room (`quotas.room_from`: their
-requested ends, or the month's renewal of a spent budget); it gets no bound when that room depends on
-clusters without a duration, or when it is beyond the reservation depth.
+on, and a request that needs them gets no bound ("held by clusters without a duration"). A request of a
+team with a quota is planned only at times its team has room for it (`quotas.TeamRoom`: the team's
+clusters held until their requested ends, its earlier reservations, a spent budget's renewal), so one over
+quota now is planned from when its team's own clusters leave room; it gets no bound when that room depends
+on clusters without a duration, or when it is beyond the reservation depth.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class Window:
     start: datetime
     end: datetime | None
     host_ids: frozenset[str]
+    gpus: int = 0  # what it counts against its team's quota over the window
+    model: str = ""
 
     def overlaps(self, start: datetime, end: datetime | None) -> bool:
         return (end is None or self.start < end) and (self.end is None or self.end > start)
@@ -129,6 +132,7 @@ def _schedule(now: datetime | None, budget_s: float) -> dict[int, Window | None]
     held = _held_gpus()
     ends = sorted({end for host in held.values() for _, end, _ in host.gpus if end is not None})
     windows: list[Window] = []
+    team_planned: dict[int, list[quotas.Planned]] = {}  # what each team's reservations hold of its quota
     result: dict[int, Window | None] = {}
     for cluster in queue:
         if time.monotonic() > deadline:
@@ -137,13 +141,18 @@ def _schedule(now: datetime | None, budget_s: float) -> dict[int, Window | None]
             )
             return result
         try:
-            window, why = _reserve(cluster, now, held, ends, windows)
+            window, why = _reserve(
+                cluster, now, held, ends, windows, team_planned.setdefault(cluster.team_id, [])
+            )
         except Exception:  # one request's bad state must not stop the queue from draining
             logger.exception("cluster %s: planning its reservation failed", cluster.pk)
             window, why = None, "no start bound: planning it failed (see the worker's log)"
         result[cluster.pk] = window
         if window is not None:
             windows.append(window)
+            team_planned[cluster.team_id].append(
+                quotas.Planned(window.start, window.end, window.gpus, window.model)
+            )
         _store(cluster, window, why)
     # Clusters that left the queue dropped their reservation as they left (transitions.transition); beyond
     # the depth, nothing is reserved (and nothing stale stays): they get bounds as they move up.
@@ -224,25 +233,24 @@ def _reserve(
     held: dict[str, _Held],
     ends: list[datetime],
     windows: list[Window],
+    team_planned: list[quotas.Planned],
 ) -> tuple[Window | None, str]:
     try:
         request = planning.validate_spec(cluster.spec)
     except planning.InvalidSpec:
         return None, "no start bound: the request no longer fits the inventory"
-    request, over_quota = quotas.narrow(cluster.team, request, now)
-    earliest = now
-    if over_quota:
-        # Over quota now: it may start once the team's own clusters leave room (their requested ends).
-        earliest, request = quotas.room_from(cluster.team, request, now)
-        if earliest is None:
-            return None, (
-                f"no start bound while {over_quota}: the team's clusters holding its quota have no "
-                "duration (a bound is set once they have an end)"
-            )
+    # A team with a quota: each candidate time is checked against what the team holds then, its clusters
+    # until their ends and its earlier reservations (quotas.TeamRoom): over quota now, it is planned from
+    # when its team's own clusters leave room; two of its requests never share the same room.
+    room = quotas.TeamRoom.of(cluster.team, now)
     duration = duration_of(cluster.spec)
     snapshots = planning.schedulable_snapshots(request)
-    candidates = {*(e for e in ends if e > now), *(w.end for w in windows if w.end and w.end > now)}
-    times = sorted({earliest, *(t for t in candidates if t > earliest)})
+    candidates = {
+        *(e for e in ends if e > now),
+        *(w.end for w in windows if w.end and w.end > now),
+        *((room.times() | {p.end for p in team_planned if p.end}) if room else ()),
+    }
+    times = sorted({now, *(t for t in candidates if t > now)})
     # A collective request one site could hold is reserved in one site, however much later that is than a
     # plan across sites: the bound holds either way, and across a WAN it would run many times slower
     # (bench/churn.py: 17-162x). Then, if no site could by any time planned, as written.
@@ -250,7 +258,9 @@ def _reserve(
     never_wait = cluster.spec.get("wait_for_locality") == []
     passes = [SPAN] if not never_wait and locality.could_tighten(request, SPAN) else []
     for span in (*passes, None):
-        window = _earliest(cluster, request, span, now, times, snapshots, held, windows, duration)
+        window = _earliest(
+            cluster, request, span, now, times, snapshots, held, windows, duration, room, team_planned
+        )
         if window is not None:
             return window, ""
     if len(times) > TIMES_PER_REQUEST:
@@ -258,14 +268,31 @@ def _reserve(
             f"no start bound yet: it needs more than the next {TIMES_PER_REQUEST} ends of running clusters "
             "(a bound is set as they end)"
         )
+    over_quota = quotas.narrow(cluster.team, request, now)[1] if room else ""
+    if over_quota:
+        return None, (
+            f"no start bound while {over_quota}: the team's clusters holding its quota have no "
+            "duration (a bound is set once they have an end)"
+        )
     return None, NO_BOUND_NO_DURATION
 
 
-def _earliest(cluster, request, span, now, times, snapshots, held, windows, duration) -> Window | None:
-    """The first of `times` at which `request` (held to one `span`, if given) plans; None if none does."""
+def _earliest(
+    cluster, request, span, now, times, snapshots, held, windows, duration, room, team_planned
+) -> Window | None:
+    """The first of `times` at which `request` (held to one `span`, if given) fits its team's quota and
+    plans; None if none does."""
     measured = planning.measured_bandwidth()
     band = settings.VOLT_PLACEMENT_PRICE_BAND
+    whole = request
     for at in times[:TIMES_PER_REQUEST]:
+        if room is not None:
+            models = room.models_at(
+                whole, max(at, now), max(at, now) + duration if duration else None, team_planned
+            )
+            if not models:
+                continue
+            request = replace(whole, models=models) if models != whole.models else whole
         avoid = frozenset().union(
             *(w.host_ids for w in windows if w.overlaps(at, at + duration if duration else None))
         )
@@ -281,7 +308,9 @@ def _earliest(cluster, request, span, now, times, snapshots, held, windows, dura
         if isinstance(result, placement.Plan):
             start = max(at, now)
             end = start + duration if duration else None
-            return Window(cluster.pk, start, end, frozenset(result.host_ids))
+            model = next((h.gpu_model for h in hosts if h.host_id in result.host_ids), "")
+            gpus = request.nodes * request.gpus_per_node
+            return Window(cluster.pk, start, end, frozenset(result.host_ids), gpus, model)
     return None
 
 

@@ -267,3 +267,26 @@ def test_an_over_cap_request_gets_its_start_bound_from_its_teams_requested_ends(
     assert data["start_bound_note"].startswith("no start bound while over quota: Lab A would use 24 of 16")
     assert data["start_bound_note"].endswith("the team's clusters holding its quota have no duration "
                                              "(a bound is set once they have an end)")  # fmt: skip
+
+
+def test_two_over_cap_requests_of_one_team_never_count_on_the_same_room(
+    alice, root, team_a, rack, client_for, committed
+):
+    """Cap 16, two running 8-GPU clusters (ending at 2 h and 3 h), two queued 8-GPU 1 h requests: the first
+    starts by 2 h; at 2 h its own reservation takes the room, so the second starts by its end, not at 2 h."""
+    set_quota(client_for(root), team_a, committed, max_gpus=16)
+    client = client_for(alice)
+    two = request(client, committed, nodes=1, duration_s=2 * 3600, name="two-hours")
+    request(client, committed, nodes=1, duration_s=3 * 3600, name="three-hours")
+    first = request(client, committed, nodes=1, duration_s=3600, name="first")
+    second = request(client, committed, nodes=1, duration_s=3600, name="second")
+
+    with committed():
+        services.drain_queue()
+
+    two.refresh_from_db()
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, second.status) == ("queued", "queued")
+    assert first.reserved_from == two.ends_at
+    assert second.reserved_from == first.reserved_until == two.ends_at + timedelta(hours=1)
