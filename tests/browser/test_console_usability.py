@@ -136,7 +136,11 @@ def test_typing_part_of_a_model_finds_its_hosts(login, screenshot):
     page.goto("/inventory/hosts/")
     page.fill("#id_model", "4090")
     page.get_by_role("button", name="Apply").click()
-    models = page.locator("#hosts-table tbody tr td:nth-child(5)").all_inner_texts()
+    # all_inner_texts() does not wait: read the cells only once the filtered page has loaded.
+    page.wait_for_url("**/inventory/hosts/?*model=4090*")
+    cells = page.locator("#hosts-table tbody tr td:nth-child(5)")
+    expect(cells.first).to_contain_text("RTX 4090")
+    models = cells.all_inner_texts()
     assert models and all("RTX 4090" in text for text in models), models
     screenshot(page, "hosts-filter-4090")
 
