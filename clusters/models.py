@@ -117,6 +117,13 @@ class Cluster(models.Model):
     ray_auth_token_encrypted = models.TextField(
         blank=True, help_text="The cluster's Ray token (RAY_AUTH_MODE=token), Fernet-encrypted; for the team."
     )
+    # Its identity in the checkpoint store (clusters/checkpoint_store.py), confined by the store to its prefix.
+    store_access_key = models.CharField(
+        max_length=128, blank=True, help_text="The cluster's key in the checkpoint store (none: no store)."
+    )
+    store_secret_key_encrypted = models.TextField(
+        blank=True, help_text="That key's secret, Fernet-encrypted; its jobs get it in their environment."
+    )
     node_user = models.CharField(
         max_length=32,
         blank=True,

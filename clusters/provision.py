@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import transitions
+from clusters import checkpoint_store, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Cluster
 from clusters.provisioning.ending import (  # noqa: F401 - the face of provisioning/ for other modules
@@ -63,6 +63,7 @@ from clusters.tenancy import (  # noqa: F401 - ray_cluster_id, ensure_keys: re-e
 )
 from inventory import local_runtime
 from inventory.choices import DriverKind
+from voltweb import object_store
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,13 @@ def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
             local_runtime.python_for_local_hosts()
         except local_runtime.RuntimeMismatch as exc:
             return fail(cluster, FailureReason.CONFIG_INVALID, str(exc))
+    try:  # before any node starts: a store that refuses or is down fails the cluster with nothing to undo
+        if checkpoint_store.ensure_identity(cluster):
+            transitions.note(
+                cluster, f"checkpoints go to the store: {checkpoint_store.checkpoint_root(cluster)}/jobs/…"
+            )
+    except object_store.StoreUnavailable as exc:
+        return fail(cluster, FailureReason.CONFIG_INVALID, f"no place for its checkpoints: {exc}"[:1000])
     for attempt in range(1, attempts + 1):
         try:
             bring_up(cluster)

@@ -1,7 +1,7 @@
 """The Ray runtime of `local` hosts: DESIGN.md "Host runtime".
 
 Each host runs Ray (its nodes, the probe, the team's job drivers) from a Python environment with
-exactly the Ray, torch and numpy that Volt pins (inventory/host_runtime.py: the pins, and the runtime SSH
+exactly the Ray, torch, numpy and boto3 that Volt pins (inventory/host_runtime.py: the pins, and the runtime SSH
 hosts get over SSH). Local hosts share this machine and use one venv, the local runtime:
 
 - built from a system interpreter of Volt's Python minor version in a folder every user can search

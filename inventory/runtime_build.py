@@ -34,7 +34,8 @@ from django.conf import settings
 
 from inventory.drivers.base import DriverError
 
-PINNED = ("ray", "torch", "numpy")
+# boto3: volt_store, the jobs' client of the checkpoint store (issue 27).
+PINNED = ("ray", "torch", "numpy", "boto3")
 MANIFEST = "MANIFEST.json"
 INSTALL_TIMEOUT_S = 1800
 
@@ -46,7 +47,7 @@ class RuntimeProblem(DriverError):
 
 
 def pins() -> dict[str, str]:
-    """Volt's own Ray, torch and numpy, exactly as installed: what every runtime must hold."""
+    """Volt's own Ray, torch, numpy and boto3, exactly as installed: what every runtime must hold."""
     return {name: metadata.version(name) for name in PINNED}
 
 
@@ -55,9 +56,12 @@ def python_version() -> str:
 
 
 def key() -> str:
-    """`ray2.60.0-torch2.13.0-py3.11`: names the runtime everywhere (the local runtime's folder too)."""
+    """`ray2.60.0-torch2.13.0-boto3-1.44.18-py3.11`: names the runtime everywhere (the local runtime's folder too)."""
     versions = pins()
-    return f"ray{versions['ray']}-torch{versions['torch'].split('+')[0]}-py{python_version()}"
+    return (
+        f"ray{versions['ray']}-torch{versions['torch'].split('+')[0]}-boto3-{versions['boto3']}"
+        f"-py{python_version()}"
+    )
 
 
 def requirements() -> list[str]:
@@ -68,6 +72,7 @@ def requirements() -> list[str]:
         f"ray[default]=={versions['ray']}",
         f"torch=={versions['torch'].split('+')[0]}",
         f"numpy=={versions['numpy']}",
+        f"boto3=={versions['boto3']}",
     ]
 
 

@@ -10,6 +10,9 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
+from django.conf import settings
+
+from clusters import checkpoint_store
 from clusters.provisioning import ray_nodes
 from clusters.tenancy import (
     node_driver,
@@ -26,16 +29,36 @@ from jobs.workdirs import (
     CKPT_MODULE,
     WORKLOADS_DIR,
 )
+from jobs.workloads import volt_ckpt, volt_store
 from voltweb import realtime
 
 logger = logging.getLogger(__name__)
 
 
+def store_client(cluster) -> volt_store.Store | None:
+    """A client of the checkpoint store with the cluster's own key (what its jobs have); None without one."""
+    environment = checkpoint_store.job_environment(cluster)
+    if not environment:
+        return None
+    # Volt reaches the store at its own endpoint (the nodes' may be an address only they can use).
+    return volt_store.Store(settings.VOLT_STORE_ENDPOINT, *(environment[name] for name in volt_store.ENV[1:]))
+
+
 def scan_storage(job: Job) -> list[dict]:
-    """volt_ckpt.scan of the job's checkpoint dir, on the cluster's head host through its driver, as the
-    user its Ray runs as: the folder is the job's to write, and Volt does not walk it with more rights than
-    the job has (tenancy.as_node_user). Local hosts run the module from this machine's source; SSH hosts get
-    a copy in the cluster's workdir."""
+    """volt_ckpt.scan of the job's checkpoint dir. In the store: from here, with the cluster's own key. On
+    shared storage: on the cluster's head host through its driver, as the user its Ray runs as: the folder
+    is the job's to write, and Volt does not walk it with more rights than the job has
+    (tenancy.as_node_user). Local hosts run the module from this machine's source; SSH hosts get a copy in
+    the cluster's workdir."""
+    root = onray.checkpoint_dir(job)
+    if volt_ckpt.is_store(root):
+        client = store_client(job.cluster)
+        if client is None:  # the cluster ended and its key with it: what was recorded stays as it is
+            raise DriverError(f"cluster {job.cluster_id} has no key in the checkpoint store any more")
+        try:
+            return volt_ckpt.scan(root, store=client)
+        except volt_store.StoreError as exc:
+            raise DriverError(str(exc)) from None
     nodes = onray.live_nodes(job.cluster)
     if not nodes:
         return []
@@ -95,7 +118,7 @@ def rescan_checkpoints(job: Job) -> list[Checkpoint]:
                 "save_s": save_s if save_s is not None and 0 <= save_s <= 7 * 86400 else None,
             },
         )
-    job.checkpoints.exclude(path__in=seen).update(synchronized=False, reason="no longer on shared storage")
+    job.checkpoints.exclude(path__in=seen).update(synchronized=False, reason="no longer in its storage")
     rows = list(job.checkpoints.all())
     realtime.broadcast(
         f"cluster-{job.cluster_id}",
@@ -111,8 +134,11 @@ def checkpoint_payload(c: Checkpoint) -> dict:
 
 
 def checkpoint_location(c: Checkpoint) -> str:
-    """Where the checkpoint is, named as the cluster's connect box names its storage: `c.path` is the folder
-    the scan found on the head host (on local hosts, this machine's folder behind the storage link)."""
+    """Where the checkpoint is: its `s3://` place in the store, or named as the cluster's connect box names its
+    storage (`c.path` is then the folder the scan found on the head host; on local hosts, this machine's
+    folder behind the storage link)."""
+    if volt_ckpt.is_store(c.path):
+        return c.path
     job = c.job
     return storage_location(job.cluster, "jobs", job.pk, "checkpoints", PurePosixPath(c.path).name)
 

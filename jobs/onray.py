@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from clusters import checkpoint_store
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_http, ray_nodes
 from clusters.telemetry import ray_head
@@ -50,9 +51,12 @@ def live_nodes(cluster: Cluster) -> list[ClusterNode]:
 
 
 def checkpoint_dir(job: Job) -> str:
-    """`<storage>/jobs/<id>/checkpoints` on the cluster's shared storage (local hosts: this machine's folder;
-    ssh hosts: under the cluster's workdir, ${HOME} expanded by Ray)."""
+    """`s3://<bucket>/clusters/<name>/jobs/<id>/checkpoints` when the cluster has a place in the checkpoint
+    store; else `<storage>/jobs/<id>/checkpoints` on the cluster's shared storage (local hosts: this machine's
+    folder; ssh hosts: under the cluster's workdir, ${HOME} expanded by Ray)."""
     cluster = job.cluster
+    if cluster.store_access_key:
+        return checkpoint_store.checkpoint_root(cluster, "jobs", job.pk, "checkpoints")
     if on_local_hosts(cluster):
         return str(shared_storage_dir(cluster) / "jobs" / str(job.pk) / "checkpoints")
     return storage_location(cluster, "jobs", job.pk, "checkpoints").replace("~", "${HOME}", 1)
@@ -75,6 +79,7 @@ def runtime_env(job: Job) -> dict:
         "VOLT_CHECKPOINT_DIR": checkpoint_dir(job),
         "VOLT_CHECKPOINT_EVERY": str(job.checkpoint_every),
         "VOLT_NUM_NODES": str(len(live_nodes(job.cluster)) or 1),
+        **checkpoint_store.job_environment(job.cluster),
         ray_nodes.JOB_MARKER_VAR: job_marker(job),
     }
     if job.resume_from:

@@ -23,6 +23,8 @@ from voltweb.domain import DomainError
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
 CKPT_MODULE = "volt_ckpt.py"
+# Shipped beside every job's entrypoint: the checkpoint protocol, its events, its store client.
+SHIPPED_MODULES = (CKPT_MODULE, "volt_events.py", "volt_store.py")
 MIB = 1024 * 1024
 
 
@@ -39,7 +41,8 @@ def workdirs_root() -> Path:
 
 
 def prepare_working_dir(job: Job, source: Path | None) -> Path:
-    """The folder Ray ships for `job`: a copy of `source` (or empty) with volt_ckpt.py beside the entrypoint."""
+    """The folder Ray ships for `job`: a copy of `source` (or empty) with Volt's modules (volt_ckpt.py, ...)
+    beside the entrypoint."""
     dest = workdirs_root() / str(job.pk)
     if dest.exists():
         shutil.rmtree(dest)
@@ -47,9 +50,8 @@ def prepare_working_dir(job: Job, source: Path | None) -> Path:
         shutil.copytree(source, dest, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     else:
         dest.mkdir(parents=True)
-    module = WORKLOADS_DIR / CKPT_MODULE
-    if module.exists():
-        shutil.copy2(module, dest / CKPT_MODULE)
+    for name in SHIPPED_MODULES:
+        shutil.copy2(WORKLOADS_DIR / name, dest / name)
     return dest
 
 

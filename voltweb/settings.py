@@ -360,6 +360,9 @@ VOLT_STORE_REGION = env_str("VOLT_STORE_REGION", "us-east-1")
 VOLT_STORE_BUCKET = env_str("VOLT_STORE_BUCKET", "volt-checkpoints")
 VOLT_STORE_ACCESS_KEY = env_str("VOLT_STORE_ACCESS_KEY", "")
 VOLT_STORE_SECRET_KEY = env_str("VOLT_STORE_SECRET_KEY", "")
+# The store's endpoint as SSH hosts reach it (local hosts use VOLT_STORE_ENDPOINT). Unset: clusters on SSH
+# hosts keep checkpoints on their shared storage folder (VOLT_SSH_SHARED_DIR, or each host's own).
+VOLT_STORE_NODE_ENDPOINT = env_str("VOLT_STORE_NODE_ENDPOINT", "")
 if VOLT_STORE_ENDPOINT and not (VOLT_STORE_ACCESS_KEY and VOLT_STORE_SECRET_KEY):
     raise ImproperlyConfigured(
         "VOLT_STORE_ENDPOINT is set: set VOLT_STORE_ACCESS_KEY and VOLT_STORE_SECRET_KEY too."

@@ -8,7 +8,7 @@ import shlex
 
 from django.utils import timezone
 
-from clusters import allocations, drills, tenancy, transitions
+from clusters import allocations, checkpoint_store, drills, tenancy, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import ray_nodes
@@ -78,6 +78,8 @@ def teardown(cluster: Cluster, nodes: list[ClusterNode] | None = None, *, final:
         )
     if final and cluster.node_user:
         problems += tenancy.remove_node_user(cluster)
+    if final:
+        problems += checkpoint_store.revoke_identity(cluster)
     if problems:
         logger.warning("teardown of cluster %s incomplete: %s", cluster.pk, "; ".join(problems))
     return problems

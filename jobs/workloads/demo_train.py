@@ -197,17 +197,18 @@ def _train(
             emit(volt_ckpt.emit_step, step, loss.item())
         if config.checkpoint_every and config.checkpoint_dir and step % config.checkpoint_every == 0:
             shard = shard_of(model, optimizer, step, rank, world)
-            manifest = volt_ckpt.save(config.checkpoint_dir, step, shard, rank=rank, world_size=world,
-                                      meta={"seed": config.seed, "workload": "demo_train"})  # fmt: skip
-            if manifest is not None:
-                emit(
-                    volt_ckpt.emit_checkpoint,
-                    step,
-                    os.path.join(config.checkpoint_dir, volt_ckpt.step_dir_name(step)),
-                    manifest,
-                )
+            # The event once the checkpoint is synchronized: at once on shared storage, after the background
+            # upload in Volt's store (an s3:// dir).
+            volt_ckpt.save(config.checkpoint_dir, step, shard, rank=rank, world_size=world,
+                           meta={"seed": config.seed, "workload": "demo_train"},
+                           on_synchronized=lambda manifest, path: emit(
+                               volt_ckpt.emit_checkpoint, int(manifest["step"]), path, manifest))  # fmt: skip
         if config.step_sleep > 0:
             time.sleep(config.step_sleep)
+    if config.checkpoint_dir:
+        volt_ckpt.wait_uploads(
+            config.checkpoint_dir, rank
+        )  # the last checkpoint is in the store before "done"
     digest = volt_ckpt.params_sha256(model)
     emit(volt_ckpt.emit_done, step, digest)
     return {"step": step, "params_sha256": digest}

@@ -1,4 +1,4 @@
-"""volt_ckpt: sharded checkpoints with a manifest written last, and the job's own all-reduce bandwidth.
+"""volt_ckpt: sharded checkpoints with a manifest written last, on shared storage or in Volt's store.
 
 Runs ON a cluster, shipped next to every job's entrypoint (plain Python: the standard library, and
 torch only inside the functions that save, load or time tensors; no Django, nothing of Volt).
@@ -20,23 +20,30 @@ manifest), a truncated shard or a flipped byte is never synchronized, so never r
     scan(root) / latest_synchronized(root)          what Volt and resuming jobs read
     python volt_ckpt.py scan DIR                    the same, as JSON
 
-Events: the workload prints one line per event on stdout, `VOLT_EVENT <json object>`
-(`emit(kind, **fields)`, `parse_event(line)`): step, busbw, checkpoint, resumed, done.
-`AllReduceTimer` is a DDP communication hook that all-reduces gradient buckets as DDP's default
-hook does, times them, and reports bytes, seconds and nccl-tests figures every few steps:
-algbw = bytes / seconds, busbw = algbw * 2(n-1)/n.
+In the store: a root `s3://bucket/prefix` (Volt's checkpoint store, through volt_store.py beside this
+file) keeps the same layout as objects. Each rank writes its shard to a local staging folder, the ranks
+exchange (file, bytes, sha256), and `save` returns: the shard goes up in the background (multipart when
+large, its sha256 recorded on the object) while training goes on, and rank 0 writes the manifest only once
+every listed shard is in the store with its size and checksum. The next `save` of the same rank first
+waits for the previous upload (the only time a step waits on one); `wait_uploads()` before the end. A
+machine lost mid-upload leaves that checkpoint without a manifest: never synchronized. `load` downloads
+the shards to the machine it runs on and hashes them before use.
+
+Events (`VOLT_EVENT <json>` lines: emit, parse_event, ...) and the all-reduce timer (AllReduceTimer) live
+in volt_events.py, shipped beside this file; their names still answer here (`volt_ckpt.emit_step`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import io
 import json
 import os
 import re
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,12 +51,13 @@ from typing import Any
 
 FORMAT = "volt-ckpt/1"
 MANIFEST = "manifest.json"
-EVENT_PREFIX = "VOLT_EVENT "
 STEP_DIR_RE = re.compile(r"^step-(\d+)$")
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.pt$")
 # How long rank 0 waits for every rank's shard to be visible on shared storage before it gives up
 # on the manifest (the checkpoint then stays unsynchronized; training goes on).
 SHARD_VISIBLE_TIMEOUT_S = 10.0
+# In the store: how long rank 0 waits for every rank's upload before it gives up on the manifest.
+UPLOAD_TIMEOUT_S = float(os.environ.get("VOLT_CHECKPOINT_UPLOAD_TIMEOUT_S") or 900)
 
 
 class CheckpointError(Exception):
@@ -143,6 +151,48 @@ def _all_gather_json(obj: Any, world_size: int) -> list[Any]:
     ]
 
 
+def _store_module():
+    try:
+        import volt_store  # shipped next to this file in the job's working dir
+    except ImportError:
+        from . import volt_store  # type: ignore[no-redef]
+    return volt_store
+
+
+def is_store(root: str | os.PathLike) -> bool:
+    """True when `root` is a folder in Volt's checkpoint store (`s3://...`)."""
+    return str(root).startswith("s3://")
+
+
+def checkpoint_path(root: str | os.PathLike, step: int) -> str:
+    """Where the checkpoint of `step` under `root` is: a folder, or an `s3://` prefix."""
+    if is_store(root):
+        return str(root).rstrip("/") + "/" + step_dir_name(step)
+    return os.path.join(str(root), step_dir_name(step))
+
+
+def staging_dir(root: str | os.PathLike) -> Path:
+    """This machine's folder for shards on their way to or from the store root `root`."""
+    base = os.environ.get("VOLT_CHECKPOINT_STAGING_DIR") or tempfile.gettempdir()
+    return Path(base) / f"volt-ckpt-{hashlib.sha1(str(root).encode()).hexdigest()[:12]}"
+
+
+_uploads: dict[tuple[str, int], threading.Thread] = {}
+_uploads_lock = threading.Lock()
+
+
+def wait_uploads(root: str | os.PathLike | None = None, rank: int | None = None) -> None:
+    """Until the background uploads (of `root` and `rank`, default all) are over, manifest written or not."""
+    with _uploads_lock:
+        pending = [(k, t) for k, t in _uploads.items()
+                   if (root is None or k[0] == str(root)) and (rank is None or k[1] == rank)]  # fmt: skip
+    for key, thread in pending:
+        thread.join()
+        with _uploads_lock:
+            if _uploads.get(key) is thread:
+                del _uploads[key]
+
+
 def save(
     root: str | os.PathLike,
     step: int,
@@ -152,18 +202,24 @@ def save(
     world_size: int,
     meta: dict[str, Any] | None = None,
     gather: Callable[[Any], list[Any]] | None = None,
+    on_synchronized: Callable[[dict[str, Any], str], Any] | None = None,
 ) -> dict[str, Any] | None:
     """Save this rank's `shard` (any object torch.save takes) of the checkpoint at `step`.
 
     Every rank calls it at the same step. Each writes its shard atomically, then all ranks exchange
     (file, bytes, sha256) through `gather` (default: torch.distributed.all_gather_object, which is
-    also the barrier); rank 0 then checks every shard is visible and writes the manifest last.
-    Returns the manifest on rank 0 (None when it could not be written), None on other ranks.
+    also the barrier); rank 0 then checks every shard is visible and writes the manifest last, and
+    calls `on_synchronized(manifest, path)`. Returns the manifest on rank 0 (None when it could not be
+    written), None on other ranks. In the store (`s3://` root) the upload and the manifest happen in the
+    background: it returns None at once, and `on_synchronized` runs once the manifest is in the store.
     """
     import torch
 
     started = time.time()
-    folder = Path(root) / step_dir_name(step)
+    store = is_store(root)
+    if store:
+        wait_uploads(root, rank)  # the previous checkpoint's upload: the one wait a step may have
+    folder = (staging_dir(root) if store else Path(root)) / step_dir_name(step)
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(shard, buffer)
@@ -172,31 +228,77 @@ def save(
     write_atomic(folder / name, data)
     mine = {"rank": int(rank), "file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     entries = (gather or _default_gather(world_size))(mine)
+    if rank == 0:
+        entries = sorted(entries, key=lambda entry: entry["rank"])
+        if [entry["rank"] for entry in entries] != list(range(world_size)):
+            raise CheckpointError(
+                f"gathered shards of ranks {[e['rank'] for e in entries]}, not 0..{world_size - 1}"
+            )
+    manifest = {"format": FORMAT, "step": int(step), "world_size": int(world_size), "created": None,
+                "save_s": None, "shards": entries, "meta": dict(meta or {})}  # fmt: skip
+    if store:
+        upload = threading.Thread(
+            target=_upload, name=f"volt-ckpt-upload-{rank}",
+            args=(root, folder / name, mine, manifest if rank == 0 else None, started, on_synchronized),
+        )  # fmt: skip
+        with _uploads_lock:
+            _uploads[(str(root), int(rank))] = upload
+        upload.start()
+        return None
     if rank != 0:
         return None
-    entries = sorted(entries, key=lambda entry: entry["rank"])
-    if [entry["rank"] for entry in entries] != list(range(world_size)):
-        raise CheckpointError(
-            f"gathered shards of ranks {[e['rank'] for e in entries]}, not 0..{world_size - 1}"
-        )
     if not _wait_visible(folder, entries):
         print(f"volt_ckpt: step {step}: not every shard is visible in {folder}; no manifest written",
               file=sys.stderr, flush=True)  # fmt: skip
         return None
-    created = time.time()
-    manifest = {
-        "format": FORMAT,
-        "step": int(step),
-        "world_size": int(world_size),
-        "created": created,
-        # How long the save held training (rank 0's clock: its shard, the exchange that waits for every
-        # rank's, the visibility check): Volt's goodput ledger counts it as checkpoint time.
-        "save_s": round(created - started, 6),
-        "shards": entries,
-        "meta": dict(meta or {}),
-    }
+    manifest["created"] = time.time()
+    # How long the save held training (rank 0's clock: its shard, the exchange that waits for every
+    # rank's, the visibility check): Volt's goodput ledger counts it as checkpoint time.
+    manifest["save_s"] = round(manifest["created"] - started, 6)
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    if on_synchronized is not None:
+        on_synchronized(manifest, checkpoint_path(root, step))
     return manifest
+
+
+def _upload(root, local: Path, mine: dict, manifest: dict | None, started: float, on_synchronized) -> None:
+    """One rank's shard to the store; on rank 0 (`manifest` given), then the manifest once every shard is
+    there. Never raises: a checkpoint that fails here stays unsynchronized, and training goes on."""
+    step = manifest["step"] if manifest else None
+    try:
+        held = time.time() - started  # how long the save held training: local write and the exchange
+        volt_store = _store_module()
+        store = volt_store.Store.from_env()
+        folder = checkpoint_path(root, int(local.parent.name.split("-")[1]))
+        store.upload_file(local, f"{folder}/{mine['file']}", mine["sha256"])
+        local.unlink(missing_ok=True)
+        if manifest is None:
+            return
+        deadline = time.monotonic() + UPLOAD_TIMEOUT_S
+        waiting = list(manifest["shards"])
+        while waiting:
+            waiting = [e for e in waiting if store.head(f"{folder}/{e['file']}") != (e["bytes"], e["sha256"])]
+            if waiting and time.monotonic() > deadline:
+                print(f"volt_ckpt: step {step}: {len(waiting)} shard(s) not in the store after "
+                      f"{UPLOAD_TIMEOUT_S:g} s ({waiting[0]['file']} first); no manifest written",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return
+            if waiting:
+                time.sleep(0.2)
+        manifest["created"] = time.time()
+        manifest["save_s"] = round(held, 6)
+        manifest["upload_s"] = round(manifest["created"] - started - held, 6)
+        body = json.dumps(manifest, indent=1).encode()
+        store.put_bytes(f"{folder}/{MANIFEST}", body, hashlib.sha256(body).hexdigest())
+        try:
+            local.parent.rmdir()
+        except OSError:
+            pass
+        if on_synchronized is not None:
+            on_synchronized(manifest, folder)
+    except Exception as error:  # noqa: BLE001 - a failed checkpoint must not stop training
+        print(f"volt_ckpt: step {step if step is not None else '?'} shard {mine['file']}: upload failed: "
+              f"{error}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _wait_visible(folder: Path, entries: list[dict[str, Any]]) -> bool:
@@ -216,56 +318,96 @@ def _wait_visible(folder: Path, entries: list[dict[str, Any]]) -> bool:
 # ----------------------------------------------------------------------------------- verify/scan
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of the checkpoint folder `path`; CheckpointError if absent or unreadable."""
-    file = Path(path) / MANIFEST
+def parse_manifest(text: bytes | str | None) -> dict[str, Any]:
+    """The manifest in `text` (None: there is none); CheckpointError if absent or unreadable."""
+    if text is None:
+        raise CheckpointError("no manifest")
     try:
-        manifest = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise CheckpointError("no manifest") from None
-    except (OSError, ValueError) as error:
+        manifest = json.loads(text)
+    except ValueError as error:
         raise CheckpointError(f"manifest unreadable: {error}") from None
     if not isinstance(manifest, dict):
         raise CheckpointError("manifest unreadable: not a JSON object")
     return manifest
 
 
-def verify(path: str | os.PathLike, *, checksums: bool = True) -> tuple[dict[str, Any] | None, str]:
-    """(manifest or None, reason): reason is "" when the checkpoint at `path` is synchronized."""
-    folder = Path(path)
+def read_manifest(path: str | os.PathLike, *, store: Any = None) -> dict[str, Any]:
+    """The manifest of the checkpoint folder (or store prefix) `path`; CheckpointError if absent or unreadable."""
+    if is_store(path):
+        return parse_manifest(_client(store).get_bytes(f"{str(path).rstrip('/')}/{MANIFEST}"))
     try:
-        manifest = read_manifest(folder)
-    except CheckpointError as error:
-        return None, str(error)
+        return parse_manifest((Path(path) / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError("no manifest") from None
+    except OSError as error:
+        raise CheckpointError(f"manifest unreadable: {error}") from None
+
+
+def _client(store: Any) -> Any:
+    return store if store is not None else _store_module().Store.from_env()
+
+
+def check_manifest(
+    manifest: dict[str, Any], folder_name: str, shard: Callable[[str, int], tuple[int, str] | None]
+) -> str:
+    """Why the checkpoint `manifest` describes is not synchronized ("" when it is). `shard(file, expected
+    bytes)` says what is there: None when missing, else (size, sha256; "" when not checked)."""
     if manifest.get("format") != FORMAT:
-        return manifest, f"unknown manifest format {manifest.get('format')!r} (expected {FORMAT})"
-    match = STEP_DIR_RE.match(folder.name)
+        return f"unknown manifest format {manifest.get('format')!r} (expected {FORMAT})"
+    match = STEP_DIR_RE.match(folder_name)
     if match and manifest.get("step") != int(match.group(1)):
-        return manifest, f"manifest says step {manifest.get('step')}, folder is {folder.name}"
+        return f"manifest says step {manifest.get('step')}, folder is {folder_name}"
     shards, world = manifest.get("shards"), manifest.get("world_size")
     if not isinstance(world, int) or not isinstance(shards, list) or len(shards) != world or world < 1:
-        return (
-            manifest,
-            f"manifest lists {len(shards) if isinstance(shards, list) else 'no'} shards for world size {world}",
-        )
+        return f"manifest lists {len(shards) if isinstance(shards, list) else 'no'} shards for world size {world}"
     for entry in shards:
         try:
             name, expected, digest = str(entry["file"]), int(entry["bytes"]), str(entry["sha256"])
         except (KeyError, TypeError, ValueError):
-            return manifest, f"manifest shard entry malformed: {entry!r}"
+            return f"manifest shard entry malformed: {entry!r}"
         if "/" in name or name.startswith("."):
-            return manifest, f"manifest names a file outside the checkpoint: {name!r}"
-        try:
-            size = (folder / name).stat().st_size
-        except OSError:
-            return manifest, f"{name} missing"
+            return f"manifest names a file outside the checkpoint: {name!r}"
+        found = shard(name, expected)
+        if found is None:
+            return f"{name} missing"
+        size, found_digest = found
         if size < expected:
-            return manifest, f"{name} truncated: {size} of {expected} bytes"
+            return f"{name} truncated: {size} of {expected} bytes"
         if size != expected:
-            return manifest, f"{name} is {size} bytes, manifest says {expected}"
-        if checksums and _sha256_file(folder / name) != digest:
-            return manifest, f"{name} checksum mismatch"
-    return manifest, ""
+            return f"{name} is {size} bytes, manifest says {expected}"
+        if found_digest and found_digest != digest:
+            return f"{name} checksum mismatch"
+    return ""
+
+
+def verify(
+    path: str | os.PathLike, *, checksums: bool = True, store: Any = None
+) -> tuple[dict[str, Any] | None, str]:
+    """(manifest or None, reason): reason is "" when the checkpoint at `path` is synchronized. In the store,
+    each shard's size and the checksum its uploader recorded (`load` hashes what it downloads)."""
+    name = str(path).rstrip("/").rsplit("/", 1)[-1]
+    try:
+        manifest = read_manifest(path, store=store)
+    except CheckpointError as error:
+        return None, str(error)
+    if is_store(path):
+        client = _client(store)
+
+        def in_store(file: str, expected: int) -> tuple[int, str] | None:
+            found = client.head(f"{str(path).rstrip('/')}/{file}")
+            return None if found is None else (found[0], found[1] or "no checksum recorded")
+
+        return manifest, check_manifest(manifest, name, in_store)
+    folder = Path(path)
+
+    def on_disk(file: str, expected: int) -> tuple[int, str] | None:
+        try:
+            size = (folder / file).stat().st_size
+        except OSError:
+            return None
+        return size, _sha256_file(folder / file) if checksums and size == expected else ""
+
+    return manifest, check_manifest(manifest, name, on_disk)
 
 
 def _shard_bytes(folder: Path) -> tuple[int, int]:
@@ -280,59 +422,98 @@ def _shard_bytes(folder: Path) -> tuple[int, int]:
     return total, count
 
 
-def scan(root: str | os.PathLike, *, checksums: bool = True) -> list[dict[str, Any]]:
-    """Every `step-*` checkpoint folder under `root`, sorted by step, each verified.
+def scan(root: str | os.PathLike, *, checksums: bool = True, store: Any = None) -> list[dict[str, Any]]:
+    """Every `step-*` checkpoint folder (or store prefix) under `root`, sorted by step, each verified.
 
     One dict per folder: path, step, synchronized, reason ("" when synchronized), bytes (of the
     shards present), created (the manifest's, else None), world_size (the manifest's, else None),
-    save_s (how long the save took, the manifest's, else None), shards_present. A missing or unreadable root is an empty list.
+    save_s (how long the save held training, the manifest's, else None), upload_s (in the store: how long
+    the uploads took, else None), shards_present. A missing or unreadable root is an empty list. `store`:
+    a volt_store.Store (default: from the environment) for an `s3://` root.
     """
-    base = Path(root)
-    try:
-        children = list(base.iterdir())
-    except OSError:
-        return []
+    if is_store(root):
+        client = _client(store)
+        folders, _ = client.listing(str(root))
+        children = [(str(root).rstrip("/") + "/" + name, name) for name in folders]
+    else:
+        try:
+            children = [(str(child), child.name) for child in Path(root).iterdir() if child.is_dir()]
+        except OSError:
+            return []
     found = []
-    for child in children:
-        match = STEP_DIR_RE.match(child.name)
-        if not match or not child.is_dir():
+    for path, name in children:
+        match = STEP_DIR_RE.match(name)
+        if not match:
             continue
-        manifest, reason = verify(child, checksums=checksums)
-        size, present = _shard_bytes(child)
+        manifest, reason = verify(path, checksums=checksums, store=store)
+        if is_store(root):
+            files = client.listing(path)[1]
+            sizes = [size for file, size in files.items() if SHARD_RE.match(file)]
+            size, present = sum(sizes), len(sizes)
+        else:
+            size, present = _shard_bytes(Path(path))
         manifest = manifest or {}
         created = manifest.get("created")
         world = manifest.get("world_size")
-        save_s = manifest.get("save_s")
+        timings = {key: manifest.get(key) for key in ("save_s", "upload_s")}
         found.append({
-            "path": str(child),
+            "path": path,
             "step": int(match.group(1)),
             "synchronized": reason == "",
             "reason": reason,
             "bytes": size,
             "created": float(created) if isinstance(created, int | float) else None,
             "world_size": world if isinstance(world, int) else None,
-            "save_s": float(save_s) if isinstance(save_s, int | float) and save_s >= 0 else None,
+            **{key: float(value) if isinstance(value, int | float) and value >= 0 else None
+               for key, value in timings.items()},
             "shards_present": present,
         })  # fmt: skip
     return sorted(found, key=lambda entry: (entry["step"], entry["path"]))
 
 
-def latest_synchronized(root: str | os.PathLike) -> dict[str, Any] | None:
+def latest_synchronized(root: str | os.PathLike, *, store: Any = None) -> dict[str, Any] | None:
     """The synchronized checkpoint with the highest step under `root` (a `scan` entry), or None."""
-    synchronized = [entry for entry in scan(root) if entry["synchronized"]]
+    synchronized = [entry for entry in scan(root, store=store) if entry["synchronized"]]
     return synchronized[-1] if synchronized else None
 
 
 # ----------------------------------------------------------------------------------------- load
 
 
-def load(path: str | os.PathLike, *, checksums: bool = True) -> tuple[dict[str, Any], list[Any]]:
+def fetch(path: str, *, store: Any = None) -> Path:
+    """The checkpoint at store prefix `path`, downloaded to this machine's staging folder (manifest last)."""
+    client = _client(store)
+    manifest, reason = verify(path, store=client)
+    if reason:
+        raise CheckpointError(f"{path} is not a synchronized checkpoint: {reason}")
+    assert manifest is not None
+    root, name = path.rstrip("/").rsplit("/", 1)
+    local = staging_dir(root) / f"fetched-{os.getpid()}-{threading.get_ident()}" / name
+    local.mkdir(parents=True, exist_ok=True)
+    for entry in manifest["shards"]:
+        client.download_file(f"{path.rstrip('/')}/{entry['file']}", local / entry["file"])
+    write_atomic(local / MANIFEST, json.dumps(manifest).encode())
+    return local
+
+
+def load(
+    path: str | os.PathLike, *, checksums: bool = True, store: Any = None
+) -> tuple[dict[str, Any], list[Any]]:
     """(manifest, every shard object in rank order) of the checkpoint at `path`.
 
-    Refuses (CheckpointError with the reason) a checkpoint that is not synchronized.
+    Refuses (CheckpointError with the reason) a checkpoint that is not synchronized. A checkpoint in the
+    store is downloaded first, and what arrived is hashed against the manifest.
     """
     import torch
 
+    if is_store(path):
+        local = fetch(str(path), store=store)
+        try:
+            return load(local, checksums=True)
+        finally:
+            import shutil
+
+            shutil.rmtree(local.parent, ignore_errors=True)
     manifest, reason = verify(path, checksums=checksums)
     if reason:
         raise CheckpointError(f"{path} is not a synchronized checkpoint: {reason}")
@@ -344,213 +525,30 @@ def load(path: str | os.PathLike, *, checksums: bool = True) -> tuple[dict[str, 
     return manifest, shards
 
 
-def step_of(path: str | os.PathLike) -> int:
+def step_of(path: str | os.PathLike, *, store: Any = None) -> int:
     """The step of a checkpoint folder, from its manifest."""
-    return int(read_manifest(path)["step"])
+    return int(read_manifest(path, store=store)["step"])
 
 
-# --------------------------------------------------------------------------------------- events
+# ------------------------------------------------------------------- events (volt_events.py)
 
 
-def event_line(kind: str, **fields: Any) -> str:
-    """`VOLT_EVENT {"kind": ..., ...}`: one event as the line a workload prints."""
-    return EVENT_PREFIX + json.dumps({"kind": kind, **fields}, separators=(", ", ": "))
-
-
-def emit(kind: str, *, sink: Callable[[str], Any] | None = None, **fields: Any) -> str:
-    """Print one event line on stdout (or hand it to `sink`); returns the line."""
-    line = event_line(kind, **fields)
-    if sink is None:
-        print(line, flush=True)
-    else:
-        sink(line)
-    return line
-
-
-def emit_step(step: int, loss: float, *, sink: Callable[[str], Any] | None = None) -> str:
-    return emit("step", sink=sink, step=int(step), loss=float(loss), time=time.time())
-
-
-def emit_checkpoint(
-    step: int, path: str, manifest: dict[str, Any] | None = None, *, sink: Callable[[str], Any] | None = None
-) -> str:
-    """A synchronized checkpoint: its step and folder, and with its `manifest` how many shards and bytes."""
-    fields: dict[str, Any] = {"step": int(step), "path": str(path)}
-    if manifest is not None:
-        shards = manifest.get("shards") or []
-        fields.update(shards=len(shards), bytes=sum(int(s.get("bytes") or 0) for s in shards))
-    return emit("checkpoint", sink=sink, **fields)
-
-
-def emit_resumed(step: int, path: str, *, sink: Callable[[str], Any] | None = None) -> str:
-    return emit("resumed", sink=sink, step=int(step), path=str(path))
-
-
-def emit_done(step: int, params_sha256: str, *, sink: Callable[[str], Any] | None = None) -> str:
-    return emit("done", sink=sink, step=int(step), params_sha256=params_sha256)
-
-
-def busbw_fields(step: int, nbytes: int, seconds: float, world_size: int) -> dict[str, Any]:
-    """nccl-tests figures of all-reduces that moved `nbytes` (message bytes) in `seconds`."""
-    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-    factor = 2 * (world_size - 1) / world_size if world_size > 0 else 0.0
-    return {"step": int(step), "bytes": int(nbytes), "seconds": float(seconds), "algbw_gbps": algbw,
-            "busbw_gbps": algbw * factor, "world_size": int(world_size)}  # fmt: skip
-
-
-def emit_busbw(step: int, nbytes: int, seconds: float, world_size: int, *,
-               sink: Callable[[str], Any] | None = None) -> str:  # fmt: skip
-    return emit("busbw", sink=sink, **busbw_fields(step, nbytes, seconds, world_size))
-
-
-def parse_event(line: str) -> dict[str, Any] | None:
-    """The event of one log line (`VOLT_EVENT {...}`, possibly after a log prefix), else None."""
-    if not isinstance(line, str):
-        return None
-    index = line.find(EVENT_PREFIX)
-    if index < 0:
-        return None
+def _events_module():
     try:
-        event = json.loads(line[index + len(EVENT_PREFIX) :].strip())
-    except ValueError:
-        return None
-    if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
-        return None
-    return event
+        import volt_events  # shipped next to this file in the job's working dir
+    except ImportError:
+        from . import volt_events  # type: ignore[no-redef]
+    return volt_events
 
 
-def parse_events(text: str) -> list[dict[str, Any]]:
-    """Every event in a block of log text, in order."""
-    return [event for event in map(parse_event, text.splitlines()) if event is not None]
-
-
-# ------------------------------------------------------------------------------ model utilities
-
-
-def params_sha256(model: Any) -> str:
-    """sha256 over the model's state (names and raw bytes, in state_dict order): bitwise identity."""
-    import torch
-
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        exact = tensor.detach().cpu().clone(memory_format=torch.contiguous_format)
-        digest.update(name.encode() + b"\0" + str(exact.dtype).encode() + str(tuple(exact.shape)).encode())
-        # The raw bytes in place (bytes(storage) walks them one by one in Python: seconds per MB).
-        digest.update(ctypes.string_at(exact.data_ptr(), exact.numel() * exact.element_size()))
-    return digest.hexdigest()
-
-
-class AllReduceTimer:
-    """DDP communication hook: all-reduce (average) each gradient bucket and time it.
-
-        timer = AllReduceTimer(world_size, every=5)
-        ddp.register_comm_hook(None, timer.hook)
-        ... after each optimizer step:  timer.step_done(step, sink=...)   (emits on rank 0)
-
-    A step's all-reduce time is the time during which at least one of its buckets was in flight
-    (overlapping buckets are counted once); bytes are the buckets' sizes. Every `every` steps the
-    window's totals are reported as a busbw event, the time taken from the rank that waited least (every
-    rank must call step_done each step: it agrees with the others then). On CUDA tensors the time comes
-    from CUDA events.
-    """
-
-    def __init__(self, world_size: int, every: int = 5, process_group: Any = None, emit_on_rank: bool = True):
-        self.world_size = int(world_size)
-        self.every = max(1, int(every))
-        self.process_group = process_group
-        self.emit_on_rank = emit_on_rank
-        self._records: list[list[Any]] = []  # [bytes, start, end] per bucket all-reduce
-        self._window_bytes = 0
-        self._window_seconds = 0.0
-        self._window_steps = 0
-
-    def hook(self, state, bucket):  # noqa: ANN001 - DDP refuses annotations other than its own types
-        import torch
-        import torch.distributed as dist
-
-        tensor = bucket.buffer()
-        tensor.div_(self.world_size)
-        record: list[Any] = [tensor.numel() * tensor.element_size(), None, None]
-        if tensor.is_cuda:
-            record[1] = torch.cuda.Event(enable_timing=True)
-            record[1].record()
-        else:
-            record[1] = time.perf_counter()
-        self._records.append(record)
-        future = dist.all_reduce(tensor, group=self.process_group, async_op=True).get_future()
-
-        def finished(fut: Any) -> Any:
-            if tensor.is_cuda:
-                record[2] = torch.cuda.Event(enable_timing=True)
-                record[2].record()
-            else:
-                record[2] = time.perf_counter()
-            return fut.value()[0]
-
-        return future.then(finished)
-
-    def _take(self) -> tuple[int, float]:
-        """(bytes, busy seconds) of the all-reduces since the last call."""
-        records, self._records = self._records, []
-        done = [r for r in records if r[2] is not None]
-        if not done:
-            return 0, 0.0
-        if not isinstance(done[0][1], float):  # CUDA events: times relative to the first start
-            done[-1][2].synchronize()
-            first = done[0][1]
-            spans = [(first.elapsed_time(r[1]) / 1e3, first.elapsed_time(r[2]) / 1e3) for r in done]
-        else:
-            spans = [(r[1], r[2]) for r in done]
-        busy, end = 0.0, None
-        for start, stop in sorted(spans):
-            if end is None or start >= end:
-                busy += stop - start
-                end = stop
-            elif stop > end:
-                busy += stop - end
-                end = stop
-        return sum(r[0] for r in done), busy
-
-    def _last_rank_seconds(self) -> float:
-        """The window's all-reduce time as the rank that came last to each bucket saw it (the least over
-        ranks; every rank calls step_done at the same steps). A rank that reaches a bucket first waits
-        there for the others, and its clock counts that wait as if the wire were busy: on a loaded
-        2-core host the ranks' skew halved the job's figure against the probe on the same link."""
-        seconds = self._window_seconds
-        try:
-            import torch
-            import torch.distributed as dist
-        except ImportError:
-            return seconds
-        if self.world_size < 2 or not dist.is_available() or not dist.is_initialized():
-            return seconds
-        value = torch.tensor([seconds], dtype=torch.float64)
-        if dist.get_backend(self.process_group) == "nccl":
-            value = value.cuda()
-        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.process_group)
-        return float(value.item())
-
-    def reset(self) -> None:
-        """Forget what was timed so far (e.g. a warm-up iteration)."""
-        self._take()
-        self._window_bytes, self._window_seconds, self._window_steps = 0, 0.0, 0
-
-    def step_done(self, step: int, *, sink: Callable[[str], Any] | None = None,
-                  emit_event: bool = True) -> dict[str, Any] | None:  # fmt: skip
-        """Account this step's all-reduces; every `every` steps, the window's figures (and an event)."""
-        nbytes, seconds = self._take()
-        self._window_bytes += nbytes
-        self._window_seconds += seconds
-        self._window_steps += 1
-        if self._window_steps < self.every:
-            return None
-        fields = busbw_fields(step, self._window_bytes, self._last_rank_seconds(), self.world_size)
-        self._window_bytes, self._window_seconds, self._window_steps = 0, 0.0, 0
-        if fields["bytes"] and emit_event:
-            emit("busbw", sink=sink, **fields)
-        return fields
+def __getattr__(name: str) -> Any:
+    """The events and the all-reduce timer live in volt_events.py; jobs may still reach them here."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return getattr(_events_module(), name)
+    except (ImportError, AttributeError):
+        raise AttributeError(f"module 'volt_ckpt' has no attribute {name!r}") from None
 
 
 # ------------------------------------------------------------------------------------------ CLI

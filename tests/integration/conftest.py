@@ -10,7 +10,9 @@ A missing /usr/sbin/sshd fails the test (it is never skipped): install openssh-s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,25 @@ def sshd_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 def sshd(sshd_factory: Callable[..., SshdServer]) -> SshdServer:
     """One sshd with no extra environment."""
     return sshd_factory()
+
+
+@pytest.fixture(scope="session")
+def store_admin(tmp_path_factory):
+    """The checkpoint store as Volt's admin identity sees it: VOLT_STORE_* when set (scripts/test starts one),
+    else an embedded SeaweedFS of this run's own, stopped at the end."""
+    from voltweb import embedded_store, object_store
+
+    started = None
+    if os.environ.get("VOLT_STORE_ENDPOINT"):
+        endpoint, key, secret = (
+            os.environ[f"VOLT_STORE_{k}"] for k in ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY")
+        )
+    else:
+        started = embedded_store.start(tmp_path_factory.mktemp("store"))
+        endpoint, key, secret = started.endpoint, started.access_key, started.secret_key
+    yield object_store.Store(endpoint, "us-east-1", key, secret, "volt-checkpoints")
+    if started is not None:
+        embedded_store.stop(started.pid, started.data_dir)
+        assert not os.path.exists(f"/proc/{started.pid}"), "the embedded store's process is gone"
+        port = started.endpoint.rsplit(":", 1)[1]
+        assert not list(Path("/tmp").glob(f"seaweedfs-s3-{port}.sock")), "its socket is removed"

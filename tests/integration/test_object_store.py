@@ -6,32 +6,18 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
 
-from voltweb import embedded_store, object_store
+from voltweb import object_store
 
 BUCKET = "volt-checkpoints"
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """The store a test run has: VOLT_STORE_* when set (scripts/test starts one), else one of this module's."""
-    started = None
-    if os.environ.get("VOLT_STORE_ENDPOINT"):
-        endpoint, key, secret = (
-            os.environ[f"VOLT_STORE_{k}"] for k in ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY")
-        )
-    else:
-        started = embedded_store.start(tmp_path_factory.mktemp("store"))
-        endpoint, key, secret = started.endpoint, started.access_key, started.secret_key
-    yield object_store.Store(endpoint, "us-east-1", key, secret, BUCKET)
-    if started is not None:
-        embedded_store.stop(started.pid, started.data_dir)
-        assert not os.path.exists(f"/proc/{started.pid}"), "the embedded store's process is gone"
-        assert not list(Path("/tmp").glob(f"seaweedfs-s3-{started.endpoint.rsplit(':', 1)[1]}.sock"))
+@pytest.fixture
+def store(store_admin):
+    return store_admin
 
 
 def as_cluster(store: object_store.Store, credentials: object_store.Credentials):

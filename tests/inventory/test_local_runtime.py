@@ -34,7 +34,7 @@ def fake_runtime(
 
 def test_pins_are_volts_own_installed_versions():
     pins = local_runtime.pins()
-    assert set(pins) == {"ray", "torch", "numpy"} and all(pins.values())
+    assert set(pins) == {"ray", "torch", "numpy", "boto3"} and all(pins.values())
     assert local_runtime.default_path().name.startswith(f"runtime-ray{pins['ray']}-torch")
 
 
@@ -48,7 +48,9 @@ def test_a_runtime_without_numpy_is_reported_and_a_rebuild_installs_volts_numpy(
     from django.core.management.base import CommandError
 
     pins = local_runtime.pins()
-    runtime = fake_runtime(tmp_path / "rt", {"ray": pins["ray"], "torch": pins["torch"], "numpy": None})
+    runtime = fake_runtime(
+        tmp_path / "rt", {"ray": pins["ray"], "torch": pins["torch"], "numpy": None, "boto3": pins["boto3"]}
+    )
     monkeypatch.setattr(local_runtime, "open_to_others", lambda python: True)
     settings.VOLT_LOCAL_RUNTIME = str(runtime)
     status = local_runtime.check()
@@ -66,7 +68,7 @@ def test_a_runtime_without_numpy_is_reported_and_a_rebuild_installs_volts_numpy(
             (Path(command[3]) / "pyvenv.cfg").write_text(f"command = python -m venv {command[3]}\n")
         else:
             installed.extend(command[command.index("--no-input") + 1 :])
-            versions = dict(re.fullmatch(r"([a-z]+)(?:\[\w+\])?==(.+)", r).groups() for r in installed)
+            versions = dict(re.fullmatch(r"([a-z0-9]+)(?:\[\w+\])?==(.+)", r).groups() for r in installed)
             fake_runtime(Path(command[0]).parents[1], {**versions, "torch": pins["torch"]}, rewrite=True)
 
     monkeypatch.setattr(local_runtime, "_run", run)

@@ -1,0 +1,177 @@
+"""volt_store: a job's view of Volt's checkpoint store, an S3-compatible bucket (issue 27).
+
+Runs ON a cluster, shipped beside volt_ckpt (plain Python and boto3, which Volt's runtime holds; nothing
+of Volt). volt_ckpt uses it when a checkpoint root is an `s3://bucket/prefix` URL; the cluster's own key,
+which the store confines to the cluster's prefix, comes from the environment Volt gives every job:
+
+    VOLT_STORE_ENDPOINT  VOLT_STORE_REGION  VOLT_STORE_ACCESS_KEY  VOLT_STORE_SECRET_KEY
+
+Objects carry the sha256 of their bytes as user metadata (`x-amz-meta-sha256`), set by the uploader, so a
+listing can tell a shard that arrived whole from one that did not without reading it back; whoever loads a
+checkpoint still hashes what it downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+SCHEME = "s3://"
+# Shards above this go up in parts (S3's multipart upload), each this large, several at once.
+MULTIPART_BYTES = 16 * 1024 * 1024
+PART_CONCURRENCY = 4
+ENV = ("VOLT_STORE_ENDPOINT", "VOLT_STORE_REGION", "VOLT_STORE_ACCESS_KEY", "VOLT_STORE_SECRET_KEY")
+
+
+class StoreError(Exception):
+    """The store cannot be used (no credentials, refused, unreachable); the message says why."""
+
+
+def is_store(root: str | os.PathLike) -> bool:
+    return str(root).startswith(SCHEME)
+
+
+def split(url: str) -> tuple[str, str]:
+    """(bucket, key) of `s3://bucket/key`; the key without a trailing slash."""
+    if not is_store(url):
+        raise StoreError(f"{url!r} is not an s3:// URL")
+    bucket, _, key = url[len(SCHEME) :].partition("/")
+    if not bucket:
+        raise StoreError(f"{url!r} names no bucket")
+    return bucket, key.strip("/")
+
+
+def join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *(str(p).strip("/") for p in parts)])
+
+
+class Store:
+    """One identity's client of the store."""
+
+    def __init__(self, endpoint: str, region: str, access_key: str, secret_key: str):
+        self.endpoint = endpoint
+        self._args = {"endpoint_url": endpoint, "region_name": region or "us-east-1",
+                      "aws_access_key_id": access_key, "aws_secret_access_key": secret_key}  # fmt: skip
+        self._client = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Store:
+        env = os.environ if env is None else env
+        missing = [name for name in ENV if name != "VOLT_STORE_REGION" and not env.get(name)]
+        if missing:
+            raise StoreError(
+                f"checkpoints go to the store but {', '.join(missing)} is not set: Volt sets them for every job "
+                "of a cluster that has a store identity"
+            )
+        return cls(*(env.get(name, "") for name in ENV))
+
+    @property
+    def client(self):
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 4, "mode": "standard"},
+                            connect_timeout=5, read_timeout=120)  # fmt: skip
+            self._client = boto3.client("s3", config=config, **self._args)
+        return self._client
+
+    def _transfer(self):
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(
+            multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES,
+            max_concurrency=PART_CONCURRENCY, use_threads=True,
+        )  # fmt: skip
+
+    def upload_file(self, path: str | os.PathLike, url: str, sha256: str) -> None:
+        bucket, key = split(url)
+        self._call(
+            f"uploading {url}",
+            lambda: self.client.upload_file(
+                str(path), bucket, key, ExtraArgs={"Metadata": {"sha256": sha256}}, Config=self._transfer()
+            ),
+        )
+
+    def download_file(self, url: str, path: str | os.PathLike) -> None:
+        bucket, key = split(url)
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.part-{os.getpid()}")
+        self._call(
+            f"downloading {url}",
+            lambda: self.client.download_file(bucket, key, str(tmp), Config=self._transfer()),
+        )
+        os.replace(tmp, target)
+
+    def put_bytes(self, url: str, data: bytes, sha256: str = "") -> None:
+        bucket, key = split(url)
+        extra = {"Metadata": {"sha256": sha256}} if sha256 else {}
+        self._call(
+            f"writing {url}", lambda: self.client.put_object(Bucket=bucket, Key=key, Body=data, **extra)
+        )
+
+    def get_bytes(self, url: str) -> bytes | None:
+        """The object's bytes; None when there is no such object."""
+        bucket, key = split(url)
+        try:
+            body = self._call(f"reading {url}", lambda: self.client.get_object(Bucket=bucket, Key=key))
+        except FileNotFoundError:
+            return None
+        return body["Body"].read()
+
+    def head(self, url: str) -> tuple[int, str] | None:
+        """(size, the sha256 its uploader recorded) of the object; None when there is no such object."""
+        bucket, key = split(url)
+        try:
+            found = self._call(f"looking up {url}", lambda: self.client.head_object(Bucket=bucket, Key=key))
+        except FileNotFoundError:
+            return None
+        return int(found["ContentLength"]), str((found.get("Metadata") or {}).get("sha256", ""))
+
+    def listing(self, url: str) -> tuple[list[str], dict[str, int]]:
+        """(the names of the 'folders' right under `url`, {file name: size} right under it)."""
+        bucket, key = split(url)
+        prefix = f"{key}/" if key else ""
+        folders: list[str] = []
+        files: dict[str, int] = {}
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix, Delimiter="/"
+        )
+        for page in self._call(f"listing {url}", lambda: list(pages)):
+            folders += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            files.update({o["Key"][len(prefix) :]: int(o["Size"]) for o in page.get("Contents", [])})
+        return folders, files
+
+    def delete_folder(self, url: str) -> int:
+        """Remove every object under `url`/; how many there were."""
+        bucket, key = split(url)
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{key}/")
+        keys = [
+            o["Key"]
+            for page in self._call(f"listing {url}", lambda: list(pages))
+            for o in page.get("Contents", [])
+        ]
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            self._call(f"deleting under {url}",
+                       lambda b=batch: self.client.delete_objects(Bucket=bucket, Delete={"Objects": b, "Quiet": True}))  # fmt: skip
+        return len(keys)
+
+    def _call(self, what: str, call):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return call()
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(what) from None
+            raise StoreError(
+                f"the checkpoint store at {self.endpoint} refused {what}: {code} {error.get('Message', '')}".rstrip()
+            ) from None
+        except BotoCoreError as exc:
+            raise StoreError(
+                f"the checkpoint store at {self.endpoint} did not answer ({what}): {exc}"
+            ) from None

@@ -1,0 +1,188 @@
+"""volt_ckpt through the checkpoint store (issue 27): ranks save to an `s3://` root with their cluster's own
+key, as a job on a node does (VOLT_STORE_* in its environment), against the real SeaweedFS of the run.
+
+Ranks are threads here, exchanging their shard entries through a barrier (torch.distributed's part is
+covered in tests/jobs/test_volt_ckpt.py); the store, the uploads and the manifests are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+
+import pytest
+import torch
+
+from jobs.workloads import volt_ckpt, volt_store
+
+
+def thread_gather(world: int):
+    slots: list = [None] * world
+    barrier = threading.Barrier(world)
+
+    def gather(entry):
+        slots[entry["rank"]] = entry
+        barrier.wait()
+        seen = list(slots)
+        barrier.wait()  # nobody's next save overwrites a slot before every rank has read them
+        return seen
+
+    return gather
+
+
+def run_ranks(world: int, body) -> None:
+    errors: list = []
+
+    def run(rank: int) -> None:
+        try:
+            body(rank)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append((rank, exc))
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+
+
+def shard_of(rank: int, step: int, mb: float) -> dict:
+    generator = torch.Generator().manual_seed(rank * 1000 + step)
+    return {"rank": rank, "step": step, "weights": torch.rand(int(mb * 1024 * 1024 / 4), generator=generator)}
+
+
+@pytest.fixture
+def cluster_root(store_admin, monkeypatch, tmp_path):
+    """A cluster's identity (confined by the store to its prefix) in the environment, as Volt gives a job, and
+    the job's checkpoint root under that prefix."""
+    name = f"volt-test-{uuid.uuid4().hex[:8]}"
+    credentials = store_admin.grant(name, f"tests/{name}/")
+    for var, value in {"ENDPOINT": credentials.endpoint, "REGION": credentials.region,
+                       "ACCESS_KEY": credentials.access_key, "SECRET_KEY": credentials.secret_key}.items():  # fmt: skip
+        monkeypatch.setenv(f"VOLT_STORE_{var}", value)
+    monkeypatch.setenv("VOLT_CHECKPOINT_STAGING_DIR", str(tmp_path / "staging"))
+    yield f"s3://{credentials.bucket}/{credentials.prefix}jobs/7/checkpoints"
+    store_admin.revoke(name)
+
+
+def test_ranks_upload_their_shards_and_rank_0_writes_the_manifest_once_all_are_in_the_store(
+    cluster_root, tmp_path
+):
+    world, synchronized = 2, []
+    gather = thread_gather(world)
+
+    def body(rank: int) -> None:
+        for step in (10, 20):
+            # rank 1's 20 MB shard goes up in parts (multipart above 16 MB)
+            shard = shard_of(rank, step, 20 if rank == 1 else 0.5)
+            returned = volt_ckpt.save(cluster_root, step, shard, rank=rank, world_size=world, gather=gather,
+                                      on_synchronized=lambda m, path: synchronized.append((m["step"], path)))  # fmt: skip
+            assert returned is None, "in the store the save returns at once; the manifest comes later"
+        volt_ckpt.wait_uploads(cluster_root, rank)
+
+    run_ranks(world, body)
+    assert synchronized == [(10, f"{cluster_root}/step-00000010"), (20, f"{cluster_root}/step-00000020")]
+    found = volt_ckpt.scan(cluster_root)
+    assert [(e["step"], e["synchronized"], e["reason"], e["shards_present"]) for e in found] == [
+        (10, True, "", 2), (20, True, "", 2)]  # fmt: skip
+    for entry in found:
+        assert entry["path"].startswith("s3://") and entry["upload_s"] >= 0 and entry["save_s"] >= 0
+        assert entry["bytes"] > 20 * 1024 * 1024
+    manifest, shards = volt_ckpt.load(found[-1]["path"])
+    for rank, shard in enumerate(shards):
+        assert torch.equal(shard["weights"], shard_of(rank, 20, 20 if rank == 1 else 0.5)["weights"])
+    assert manifest["upload_s"] >= 0 and manifest["save_s"] >= 0
+    assert not list((tmp_path / "staging").rglob("*.pt")), (
+        "nothing left on the machine once uploaded and loaded"
+    )
+    assert volt_ckpt.latest_synchronized(cluster_root)["step"] == 20
+
+
+def test_a_shard_that_never_reaches_the_store_leaves_its_checkpoint_without_a_manifest(
+    cluster_root, monkeypatch
+):
+    """A machine lost in the middle of an upload: rank 0 never writes the manifest, the scan says why, and the
+    latest synchronized checkpoint is still the one before."""
+    world, gather = 2, thread_gather(2)
+    release = threading.Event()
+    real_upload = volt_store.Store.upload_file
+
+    def upload(self, path, url, sha256):
+        if url.endswith("step-00000020/shard-00001-of-00002.pt"):
+            release.wait(30)  # rank 1's machine is gone: its upload never finishes while rank 0 waits
+            raise volt_store.StoreError("connection lost")
+        return real_upload(self, path, url, sha256)
+
+    monkeypatch.setattr(volt_store.Store, "upload_file", upload)
+    monkeypatch.setattr(volt_ckpt, "UPLOAD_TIMEOUT_S", 2.0)
+
+    def body(rank: int) -> None:
+        for step in (10, 20):
+            volt_ckpt.save(
+                cluster_root, step, shard_of(rank, step, 0.25), rank=rank, world_size=world, gather=gather
+            )
+        if rank == 0:
+            volt_ckpt.wait_uploads(cluster_root, 0)
+            release.set()
+        volt_ckpt.wait_uploads(cluster_root, rank)
+
+    run_ranks(world, body)
+    by_step = {e["step"]: e for e in volt_ckpt.scan(cluster_root)}
+    assert by_step[10]["synchronized"]
+    assert (by_step[20]["synchronized"], by_step[20]["reason"], by_step[20]["shards_present"]) == (
+        False, "no manifest", 1)  # fmt: skip
+    assert volt_ckpt.latest_synchronized(cluster_root)["step"] == 10
+    with pytest.raises(volt_ckpt.CheckpointError, match="no manifest"):
+        volt_ckpt.load(by_step[20]["path"])
+
+
+def test_a_changed_shard_is_caught_by_the_scan_or_by_the_hash_of_what_was_downloaded(cluster_root):
+    gather = thread_gather(1)
+    volt_ckpt.save(cluster_root, 5, shard_of(0, 5, 0.25), rank=0, world_size=1, gather=gather)
+    volt_ckpt.wait_uploads(cluster_root)
+    path = f"{cluster_root}/step-00000005"
+    store = volt_store.Store.from_env()
+    manifest = volt_ckpt.read_manifest(path)
+    entry = manifest["shards"][0]
+    shard_url = f"{path}/{entry['file']}"
+    original = store.get_bytes(shard_url)
+    flipped = bytes([original[0] ^ 1]) + original[1:]
+
+    # The bytes changed and the object says so (its recorded checksum is that of the new bytes).
+    store.put_bytes(shard_url, flipped, hashlib.sha256(flipped).hexdigest())
+    assert volt_ckpt.scan(cluster_root)[0]["reason"] == f"{entry['file']} checksum mismatch"
+
+    # The bytes changed but the object claims the old checksum: the listing cannot tell, the load can.
+    store.put_bytes(shard_url, flipped, entry["sha256"])
+    assert volt_ckpt.scan(cluster_root)[0]["synchronized"]
+    with pytest.raises(volt_ckpt.CheckpointError, match="checksum mismatch"):
+        volt_ckpt.load(path)
+
+    store.put_bytes(shard_url, original, entry["sha256"])
+    _, shards = volt_ckpt.load(path)
+    assert torch.equal(shards[0]["weights"], shard_of(0, 5, 0.25)["weights"])
+
+
+def test_another_clusters_key_is_refused_by_the_store_itself(cluster_root, store_admin):
+    gather = thread_gather(1)
+    volt_ckpt.save(cluster_root, 3, {"w": torch.ones(4)}, rank=0, world_size=1, gather=gather)
+    volt_ckpt.wait_uploads(cluster_root)
+    name = f"volt-test-{uuid.uuid4().hex[:8]}"
+    other = store_admin.grant(name, f"tests/{name}/")
+    try:
+        theirs = volt_store.Store(other.endpoint, other.region, other.access_key, other.secret_key)
+        with pytest.raises(volt_store.StoreError, match="AccessDenied"):
+            volt_ckpt.scan(cluster_root, store=theirs)
+        with pytest.raises(volt_store.StoreError, match="AccessDenied"):
+            theirs.get_bytes(f"{cluster_root}/step-00000003/manifest.json")
+    finally:
+        store_admin.revoke(name)
+
+
+def test_a_store_root_without_credentials_says_what_is_missing(monkeypatch):
+    for var in volt_store.ENV:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(volt_store.StoreError, match="VOLT_STORE_ENDPOINT, VOLT_STORE_ACCESS_KEY"):
+        volt_ckpt.scan("s3://volt-checkpoints/x/jobs/1/checkpoints")
