@@ -36,10 +36,9 @@ def node_endpoint(cluster: Cluster) -> str:
     without VOLT_STORE_NODE_ENDPOINT)."""
     if not settings.VOLT_STORE_ENDPOINT:
         return ""
-    drivers = set(cluster.nodes.values_list("host__driver", flat=True))
-    if drivers and drivers <= {DriverKind.LOCAL}:
-        return settings.VOLT_STORE_ENDPOINT
-    return settings.VOLT_STORE_NODE_ENDPOINT
+    if cluster.nodes.filter(host__driver=DriverKind.SSH).exists():
+        return settings.VOLT_STORE_NODE_ENDPOINT
+    return settings.VOLT_STORE_ENDPOINT  # local hosts reach it as Volt does
 
 
 def ensure_identity(cluster: Cluster) -> bool:

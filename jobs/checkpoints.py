@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-from datetime import UTC, datetime
+import tarfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from clusters import checkpoint_store
 from clusters.provisioning import ray_nodes
@@ -23,16 +26,18 @@ from clusters.tenancy import (
 from inventory import local_runtime, runtimes
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
-from jobs import onray
+from jobs import onray, transitions
 from jobs.models import Checkpoint, Job
 from jobs.workdirs import (
     CKPT_MODULE,
     WORKLOADS_DIR,
 )
 from jobs.workloads import volt_ckpt, volt_store
-from voltweb import realtime
+from voltweb import object_store, realtime
+from voltweb.domain import DomainError
 
 logger = logging.getLogger(__name__)
+MANIFEST_NAME = volt_ckpt.MANIFEST
 
 
 def store_client(cluster) -> volt_store.Store | None:
@@ -100,9 +105,12 @@ def rescan_checkpoints(job: Job) -> list[Checkpoint]:
     except (DriverError, OSError, ValueError) as exc:
         logger.warning("job %s: checkpoint scan failed: %s", job.pk, exc)
         return list(job.checkpoints.all())
+    removed = apply_retention(job, found)
     seen = set()
     for entry in found:
         seen.add(entry["path"])
+        if entry["path"] in removed:
+            entry = entry | {"synchronized": False, "reason": removed[entry["path"]]}
         created = number(entry.get("created"))
         save_s = number(entry.get("save_s"))
         Checkpoint.objects.update_or_create(
@@ -118,7 +126,9 @@ def rescan_checkpoints(job: Job) -> list[Checkpoint]:
                 "save_s": save_s if save_s is not None and 0 <= save_s <= 7 * 86400 else None,
             },
         )
-    job.checkpoints.exclude(path__in=seen).update(synchronized=False, reason="no longer in its storage")
+    job.checkpoints.exclude(path__in=seen).exclude(reason__startswith=RETENTION).update(
+        synchronized=False, reason="no longer in its storage"
+    )
     rows = list(job.checkpoints.all())
     realtime.broadcast(
         f"cluster-{job.cluster_id}",
@@ -127,9 +137,121 @@ def rescan_checkpoints(job: Job) -> list[Checkpoint]:
     return rows
 
 
+RETENTION = "removed by retention"
+
+
+def apply_retention(job: Job, found: list[dict]) -> dict[str, str]:
+    """In the store: remove all but the last VOLT_CHECKPOINT_KEEP synchronized checkpoints of the job (never
+    the one its attempt resumed from), and incomplete ones first seen more than
+    VOLT_CHECKPOINT_INCOMPLETE_GRACE_S ago. {path: why} of those removed; their rows stay (the job's
+    goodput counts their save time), marked not synchronized with that reason."""
+    if not found or not volt_ckpt.is_store(found[0]["path"]):
+        return {}
+    keep, grace = settings.VOLT_CHECKPOINT_KEEP, settings.VOLT_CHECKPOINT_INCOMPLETE_GRACE_S
+    synchronized = [entry for entry in found if entry["synchronized"]]
+    doomed = {entry["path"]: f"{RETENTION}: the job keeps its last {keep} synchronized checkpoints"
+              for entry in synchronized[: max(0, len(synchronized) - keep)]}  # fmt: skip
+    first_seen = dict(job.checkpoints.values_list("path", "discovered_at"))
+    cutoff = timezone.now() - timedelta(seconds=grace)
+    for entry in found:
+        seen_at = first_seen.get(entry["path"])
+        if not entry["synchronized"] and seen_at is not None and seen_at < cutoff:
+            doomed[entry["path"]] = f"{RETENTION}: incomplete for more than {grace:g} s ({entry['reason']})"
+    doomed.pop(job.resume_from, None)
+    client = store_client(job.cluster)
+    removed = {}
+    for path, why in doomed.items():
+        try:
+            client.delete_folder(path)
+        except volt_store.StoreError as exc:  # tried again at the next scan
+            logger.warning("job %s: retention could not remove %s: %s", job.pk, path, exc)
+            continue
+        removed[path] = why
+    if removed:
+        steps = ", ".join(path.rsplit("/", 1)[-1] for path in removed)
+        transitions.note(job, f"checkpoint retention removed {steps} from the store")
+    return removed
+
+
+class NotDownloadable(DomainError):
+    """The checkpoint cannot be downloaded as it is; the message says why (API: 409)."""
+
+    code = "not_downloadable"
+
+
+def archive_name(c: Checkpoint) -> str:
+    return f"job-{c.job_id}-{PurePosixPath(c.path).name}.tar"
+
+
+def checkpoint_archive(c: Checkpoint) -> Iterator[bytes]:
+    """A synchronized checkpoint in the store as one tar stream (step-N/manifest.json, then its shards),
+    read with Volt's own key: the cluster's went with it, its checkpoints did not. NotDownloadable for one
+    on a cluster's shared storage, or not synchronized. Checked before the first byte is sent."""
+    if not volt_ckpt.is_store(c.path):
+        raise NotDownloadable(
+            "This checkpoint is on the cluster's shared storage, not in the checkpoint store: copy it from the "
+            "cluster (its connect box says where)."
+        )
+    if not c.synchronized:
+        raise NotDownloadable(f"Checkpoint step {c.step} is not synchronized ({c.reason}): only whole ones download.")
+    admin = object_store.from_settings()
+    if admin is None:
+        raise NotDownloadable("Volt has no checkpoint store configured any more (VOLT_STORE_ENDPOINT).")
+    store = volt_store.Store(admin.endpoint, admin.region, admin.access_key, admin.secret_key)
+    try:
+        manifest = volt_ckpt.read_manifest(c.path, store=store)
+    except (volt_ckpt.CheckpointError, volt_store.StoreError) as exc:
+        raise NotDownloadable(f"Checkpoint step {c.step} cannot be read from the store: {exc}") from None
+    return _tar_stream(store, c.path, manifest)
+
+
+def _tar_stream(store, path: str, manifest: dict) -> Iterator[bytes]:
+    folder = PurePosixPath(path).name
+    body = json.dumps(manifest, indent=1).encode()
+    files = [(MANIFEST_NAME, len(body), None)] + [
+        (entry["file"], int(entry["bytes"]), f"{path}/{entry['file']}") for entry in manifest["shards"]
+    ]
+    for name, size, url in files:
+        info = tarfile.TarInfo(f"{folder}/{name}")
+        info.size, info.mode, info.mtime = size, 0o644, int(manifest.get("created") or 0)
+        yield info.tobuf(format=tarfile.PAX_FORMAT)
+        if url is None:
+            yield body
+        else:
+            bucket, key = volt_store.split(url)
+            sent = 0
+            for chunk in store.client.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(1 << 20):
+                sent += len(chunk)
+                yield chunk
+            if sent != size:  # the archive would be silently wrong: cut it short instead
+                raise volt_store.StoreError(f"{url}: {sent} bytes read, the manifest says {size}")
+        if size % tarfile.BLOCKSIZE:
+            yield b"\0" * (tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE)
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+class DownloadRefused(DomainError, PermissionError):
+    """A checkpoint is the team's data: only members of the cluster's team download it (API: 403)."""
+
+    code = "team_members_only"
+    status = 403
+
+
+def check_may_download(c: Checkpoint, user) -> None:
+    if not (user.is_authenticated and c.job.cluster.team.memberships.filter(user=user).exists()):
+        raise DownloadRefused("Only members of the cluster's team download its checkpoints.")
+
+
+def download_url(c: Checkpoint) -> str | None:
+    """Where the team downloads the checkpoint (a tar of its manifest and shards); None when it cannot."""
+    if not (c.synchronized and volt_ckpt.is_store(c.path)):
+        return None
+    return f"/api/v1/jobs/{c.job_id}/checkpoints/{c.step}/download/"
+
+
 def checkpoint_payload(c: Checkpoint) -> dict:
     return {"step": c.step, "path": c.path, "location": checkpoint_location(c), "size_bytes": c.size_bytes,
-            "synchronized": c.synchronized, "reason": c.reason,
+            "synchronized": c.synchronized, "reason": c.reason, "download": download_url(c),
             "created": c.created.isoformat() if c.created else None}  # fmt: skip
 
 

@@ -21,8 +21,12 @@ Web processes only touch the database and Volt's own disk (the working dir); wor
 from __future__ import annotations
 
 from jobs.checkpoints import (  # noqa: F401
+    archive_name,
+    check_may_download,
+    checkpoint_archive,
     checkpoint_location,
     checkpoint_payload,
+    download_url,
     latest_synchronized_checkpoint,
     rescan_checkpoints,
     scan_storage,

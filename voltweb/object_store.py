@@ -47,6 +47,10 @@ class Store:
         self.endpoint, self.region, self.bucket, self.access_key = endpoint, region, bucket, access_key
         self._keys = {"aws_access_key_id": access_key, "aws_secret_access_key": secret_key}
 
+    @property
+    def secret_key(self) -> str:
+        return self._keys["aws_secret_access_key"]
+
     def client(self, service: str = "s3", access_key: str | None = None, secret_key: str | None = None):
         import boto3  # heavy: only where the store is used
         from botocore.config import Config

@@ -363,6 +363,12 @@ VOLT_STORE_SECRET_KEY = env_str("VOLT_STORE_SECRET_KEY", "")
 # The store's endpoint as SSH hosts reach it (local hosts use VOLT_STORE_ENDPOINT). Unset: clusters on SSH
 # hosts keep checkpoints on their shared storage folder (VOLT_SSH_SHARED_DIR, or each host's own).
 VOLT_STORE_NODE_ENDPOINT = env_str("VOLT_STORE_NODE_ENDPOINT", "")
+# Retention in the store (jobs/checkpoints.py): each job keeps its last K synchronized checkpoints (never the
+# one it resumed from); an incomplete one (no manifest, a shard missing) goes once first seen this long ago.
+VOLT_CHECKPOINT_KEEP = env_int("VOLT_CHECKPOINT_KEEP", 3, minimum=1)
+VOLT_CHECKPOINT_INCOMPLETE_GRACE_S = env_float(
+    "VOLT_CHECKPOINT_INCOMPLETE_GRACE_S", 3600.0, minimum=60.0, maximum=30 * 86400.0
+)
 if VOLT_STORE_ENDPOINT and not (VOLT_STORE_ACCESS_KEY and VOLT_STORE_SECRET_KEY):
     raise ImproperlyConfigured(
         "VOLT_STORE_ENDPOINT is set: set VOLT_STORE_ACCESS_KEY and VOLT_STORE_SECRET_KEY too."

@@ -103,11 +103,22 @@ class JobEventSerializer(serializers.ModelSerializer):
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
+    location = serializers.SerializerMethodField(
+        help_text="Where it is: its `s3://` place in the checkpoint store, or a folder on the cluster's shared "
+        "storage as the cluster's connect box names it."
+    )
+    download = serializers.SerializerMethodField(
+        help_text="GET it for a tar of the manifest and the shards (team members; synchronized checkpoints in "
+        "the store only, also after the cluster ended); null when it cannot be downloaded."
+    )
+
     class Meta:
         model = Checkpoint
         fields = [
             "step",
             "path",
+            "location",
+            "download",
             "size_bytes",
             "created",
             "synchronized",
@@ -115,6 +126,12 @@ class CheckpointSerializer(serializers.ModelSerializer):
             "world_size",
             "discovered_at",
         ]
+
+    def get_location(self, obj) -> str:
+        return services.checkpoint_location(obj)
+
+    def get_download(self, obj) -> str | None:
+        return services.download_url(obj)
 
 
 class JobLogSerializer(serializers.Serializer):

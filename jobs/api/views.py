@@ -6,7 +6,10 @@ import json
 import math
 import shutil
 
+from django.http import StreamingHttpResponse
+from django.shortcuts import get_object_or_404
 from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -173,6 +176,24 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         (`reason` says what is wrong with the others)."""
         page = self.paginate_queryset(self.get_object().checkpoints.order_by("step"))
         return self.get_paginated_response(s.CheckpointSerializer(page, many=True).data)
+
+    @extend_schema(
+        responses={(200, "application/x-tar"): OpenApiTypes.BINARY, **ERRORS},
+        parameters=[OpenApiParameter("step", int, OpenApiParameter.PATH, description="The checkpoint's step.")],
+    )
+    @action(detail=True, methods=["get"], url_path=r"checkpoints/(?P<step>[0-9]+)/download",
+            url_name="checkpoint-download")  # fmt: skip
+    def checkpoint_download(self, request, pk=None, step=None):
+        """A synchronized checkpoint in the checkpoint store as one tar (`step-N/manifest.json`, then every
+        shard), streamed from the store; for members of the cluster's team, also after the cluster ended.
+        409 `not_downloadable` says why one cannot be (on shared storage, not synchronized)."""
+        job = self.get_object()
+        checkpoint = get_object_or_404(job.checkpoints, step=int(step) if len(step) <= 9 else -1)
+        services.check_may_download(checkpoint, request.user)
+        stream = services.checkpoint_archive(checkpoint)
+        response = StreamingHttpResponse(stream, content_type="application/x-tar")
+        response["Content-Disposition"] = f'attachment; filename="{services.archive_name(checkpoint)}"'
+        return response
 
     @extend_schema(responses={200: s.JobEventSerializer(many=True)})
     @action(detail=True, methods=["get"])

@@ -445,13 +445,15 @@ def scan(root: str | os.PathLike, *, checksums: bool = True, store: Any = None) 
         match = STEP_DIR_RE.match(name)
         if not match:
             continue
-        manifest, reason = verify(path, checksums=checksums, store=store)
         if is_store(root):
             files = client.listing(path)[1]
+            if not files:  # a prefix whose objects were all removed (some stores keep it as a folder)
+                continue
             sizes = [size for file, size in files.items() if SHARD_RE.match(file)]
             size, present = sum(sizes), len(sizes)
         else:
             size, present = _shard_bytes(Path(path))
+        manifest, reason = verify(path, checksums=checksums, store=store)
         manifest = manifest or {}
         created = manifest.get("created")
         world = manifest.get("world_size")

@@ -140,7 +140,9 @@ class Store:
         )
         for page in self._call(f"listing {url}", lambda: list(pages)):
             folders += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
-            files.update({o["Key"][len(prefix) :]: int(o["Size"]) for o in page.get("Contents", [])})
+            # (a store that keeps folders, as SeaweedFS does, may list the folder itself as an empty key)
+            files.update({o["Key"][len(prefix) :]: int(o["Size"]) for o in page.get("Contents", [])
+                          if o["Key"] != prefix})  # fmt: skip
         return folders, files
 
     def delete_folder(self, url: str) -> int:
@@ -152,11 +154,18 @@ class Store:
             for page in self._call(f"listing {url}", lambda: list(pages))
             for o in page.get("Contents", [])
         ]
+        removed = 0
+        # The folder's own entry last, where the store keeps one (SeaweedFS): the listing forgets it then.
+        keys = sorted(keys, key=lambda k: k == f"{key}/") + ([] if f"{key}/" in keys else [f"{key}/"])
         for start in range(0, len(keys), 1000):
             batch = [{"Key": k} for k in keys[start : start + 1000]]
-            self._call(f"deleting under {url}",
-                       lambda b=batch: self.client.delete_objects(Bucket=bucket, Delete={"Objects": b, "Quiet": True}))  # fmt: skip
-        return len(keys)
+            answer = self._call(f"deleting under {url}", lambda b=batch: self.client.delete_objects(
+                Bucket=bucket, Delete={"Objects": b, "Quiet": True}))  # fmt: skip
+            errors = [e for e in answer.get("Errors", []) if e.get("Key") != f"{key}/"]
+            if errors:
+                raise StoreError(f"the checkpoint store kept {errors[0]['Key']}: {errors[0].get('Code')}")
+            removed += len(batch)
+        return removed
 
     def _call(self, what: str, call):
         from botocore.exceptions import BotoCoreError, ClientError

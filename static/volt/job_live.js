@@ -120,7 +120,8 @@
     if (!rows.length) return;
     body.innerHTML = rows.map((c) => `<tr><td class="num">${c.step}</td><td>${c.synchronized ? '<span class="state state-ready">yes</span>' : '<span class="state state-failed">no</span>'}</td>` +
       `<td>${esc(c.reason) || "—"}</td><td class="num">${size(c.size_bytes)}</td>` +
-      `<td>${voltWhen(c.created, "time") || "—"}</td><td class="mono small">${esc(c.location || c.path)}</td></tr>`).join("");
+      `<td>${voltWhen(c.created, "time") || "—"}</td><td class="mono small">${esc(c.location || c.path)}` +
+      (c.download ? ` <a class="download" href="${esc(c.download)}">download</a>` : "") + "</td></tr>").join("");
     body.dataset.synchronized = String(rows.filter((c) => c.synchronized).length);
   }
 

@@ -8,8 +8,11 @@ covered in tests/jobs/test_volt_ckpt.py); the store, the uploads and the manifes
 from __future__ import annotations
 
 import hashlib
+import io
+import tempfile
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,3 +189,123 @@ def test_a_store_root_without_credentials_says_what_is_missing(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(volt_store.StoreError, match="VOLT_STORE_ENDPOINT, VOLT_STORE_ACCESS_KEY"):
         volt_ckpt.scan("s3://volt-checkpoints/x/jobs/1/checkpoints")
+
+
+# --- Volt's side: the cluster's key, the scan from Volt, retention ----------------------------------------
+
+
+@pytest.fixture
+def store_job(store_admin, settings, team_a, alice, monkeypatch, tmp_path):
+    """A job of a cluster that has its identity in the store (as provisioning grants it), its environment (what
+    Ray gives the job) in this process's, and its checkpoint root."""
+    from clusters import checkpoint_store
+    from clusters.models import Cluster
+    from jobs import onray
+    from jobs.models import Job
+
+    settings.VOLT_STORE_ENDPOINT, settings.VOLT_STORE_BUCKET = store_admin.endpoint, store_admin.bucket
+    settings.VOLT_STORE_ACCESS_KEY, settings.VOLT_STORE_SECRET_KEY = (
+        store_admin.access_key, store_admin.secret_key)  # fmt: skip
+    settings.VOLT_CHECKPOINT_KEEP = 2
+    cluster = Cluster.objects.create(team=team_a, created_by=alice, name="kept", status="ready",
+                                     spec={"nodes": 1, "gpus_per_node": 1, "gpu_models": ["H100"]})  # fmt: skip
+    granted = store_admin.grant(checkpoint_store.identity_name(cluster), checkpoint_store.prefix(cluster))
+    from voltweb import crypto
+
+    Cluster.objects.filter(pk=cluster.pk).update(
+        store_access_key=granted.access_key, store_secret_key_encrypted=crypto.encrypt(granted.secret_key)
+    )
+    cluster.refresh_from_db()
+    job = Job.objects.create(cluster=cluster, team=team_a, created_by=alice, entrypoint="python t.py")
+    for name, value in checkpoint_store.job_environment(cluster).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("VOLT_CHECKPOINT_STAGING_DIR", str(tmp_path / "staging"))
+    root = onray.checkpoint_dir(job)
+    assert (
+        root
+        == f"s3://{store_admin.bucket}/clusters/{checkpoint_store.identity_name(cluster)}/jobs/{job.pk}/checkpoints"
+    )
+    yield job, root
+    checkpoint_store.revoke_identity(cluster)
+    assert checkpoint_store.identity_name(cluster) not in store_admin.identities()
+
+
+def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_after_the_grace(
+    store_job, settings
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs import checkpoints
+
+    job, root = store_job
+    gather = thread_gather(1)
+    for step in (10, 20, 30, 40):
+        volt_ckpt.save(root, step, shard_of(0, step, 0.1), rank=0, world_size=1, gather=gather)
+    volt_ckpt.wait_uploads(root)
+    store = checkpoints.store_client(job.cluster)
+    store.put_bytes(f"{root}/step-00000050/shard-00000-of-00002.pt", b"half of a checkpoint")  # no manifest
+    job.resume_from = f"{root}/step-00000010"  # the attempt resumed from it: kept whatever its age
+    job.save(update_fields=["resume_from"])
+
+    rows = {c.step: c for c in checkpoints.rescan_checkpoints(job)}
+    assert [s for s, c in sorted(rows.items()) if c.synchronized] == [10, 30, 40]
+    assert rows[20].reason == "removed by retention: the job keeps its last 2 synchronized checkpoints"
+    assert not rows[50].synchronized and rows[50].reason == "no manifest"  # young: it may still be uploading
+    assert [e["step"] for e in volt_ckpt.scan(root)] == [10, 30, 40, 50]
+    assert job.events.filter(message="checkpoint retention removed step-00000020 from the store").exists()
+
+    job.checkpoints.filter(step=50).update(discovered_at=timezone.now() - timedelta(hours=2))
+    rows = {c.step: c for c in checkpoints.rescan_checkpoints(job)}
+    assert rows[50].reason == "removed by retention: incomplete for more than 3600 s (no manifest)"
+    assert rows[20].reason.startswith("removed by retention")  # not "no longer in its storage"
+    assert [e["step"] for e in volt_ckpt.scan(root)] == [10, 30, 40]
+    assert checkpoints.checkpoint_location(rows[40]) == f"{root}/step-00000040"
+
+
+def test_the_team_downloads_a_checkpoint_from_the_store_as_a_tar_also_after_the_cluster_ended(
+    store_job, alice, root
+):
+    import tarfile
+
+    from rest_framework.test import APIClient
+
+    from clusters import checkpoint_store
+    from jobs import checkpoints
+
+    job, path_root = store_job
+    gather = thread_gather(2)
+    run_ranks(2, lambda rank: (
+        volt_ckpt.save(path_root, 10, shard_of(rank, 10, 0.2), rank=rank, world_size=2, gather=gather),
+        volt_ckpt.wait_uploads(path_root, rank)))  # fmt: skip
+    rows = {c.step: c for c in checkpoints.rescan_checkpoints(job)}
+    job.checkpoints.create(path="/storage/jobs/x/checkpoints/step-00000004", step=4, synchronized=True)
+    checkpoint_store.revoke_identity(job.cluster)  # the cluster ended: its key went, its checkpoints did not
+
+    api = APIClient()
+    api.force_authenticate(alice)
+    listed = {c["step"]: c for c in api.get(f"/api/v1/jobs/{job.pk}/checkpoints/").json()["results"]}
+    assert listed[10]["location"] == rows[10].path and listed[10]["download"].endswith(
+        "/checkpoints/10/download/"
+    )
+    assert listed[4]["download"] is None
+    response = api.get(listed[10]["download"])
+    assert response.status_code == 200, response.content[:300]
+    assert response["Content-Disposition"] == f'attachment; filename="job-{job.pk}-step-00000010.tar"'
+    archive = tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content)))
+    names = archive.getnames()
+    assert names == ["step-00000010/manifest.json", "step-00000010/shard-00000-of-00002.pt",
+                     "step-00000010/shard-00001-of-00002.pt"]  # fmt: skip
+    folder = Path(tempfile.mkdtemp())
+    archive.extractall(folder, filter="data")
+    _, shards = volt_ckpt.load(folder / "step-00000010")  # the manifest and its checksums hold
+    assert torch.equal(shards[1]["weights"], shard_of(1, 10, 0.2)["weights"])
+
+    refused = api.get(f"/api/v1/jobs/{job.pk}/checkpoints/4/download/")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "not_downloadable"
+    assert "shared storage" in refused.json()["error"]["message"]
+    admin = APIClient()
+    admin.force_authenticate(root)  # a platform admin sees the job, but the checkpoint is the team's
+    assert admin.get(listed[10]["download"]).status_code == 403
+    assert api.get(f"/api/v1/jobs/{job.pk}/checkpoints/99999999999/download/").status_code == 404

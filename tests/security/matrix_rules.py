@@ -51,6 +51,8 @@ TARGETS = {
     "team_member": Target(frozenset({"alice", "bob", "root"})),  # placement preview
     "as_team_a": Target(frozenset({"alice", "root"})),  # creating a cluster for team A
     "job": Target(frozenset({"alice", "root"})),  # a job on team A's cluster: visible as its cluster is
+    # Downloading one of its checkpoints (the team's data): team members only, not platform admins.
+    "job_checkpoint": Target(frozenset({"alice"})),
 }
 
 
@@ -207,6 +209,7 @@ ROUTES: dict[str, Rule] = {
     "api:job-logs": R("job"),
     "api:job-stop": R("job"),
     "api:job-checkpoints": R("job"),
+    "api:job-checkpoint-download": R("job_checkpoint"),
     "api:job-events": R("job"),
     "api:job-goodput": R("job"),
 }

@@ -119,9 +119,11 @@ def world(alice, bob, priya, omar, helios, root, make_user, team_a, northwind_ib
     job = Job.objects.create(
         cluster=cluster, team=team_a, created_by=alice, name="j1", entrypoint="python t.py"
     )
+    job.checkpoints.create(path="/storage/jobs/1/checkpoints/step-00000010", step=10, synchronized=True)
     objects = {
         "cluster": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "job": {"pk": job.pk, "cluster_id": cluster.pk},
+        "job_checkpoint": {"pk": job.pk, "step": 10},
         "cluster_secret": {"pk": cluster.pk},
         "cluster_code": {"pk": cluster.pk, "cluster_id": cluster.pk},
         "cluster_admin": {"pk": cluster.pk, "cluster_id": cluster.pk},

@@ -1,4 +1,4 @@
-"""Run the whole embedded demo: migrate, seed, Redis, web server, Celery worker and beat.
+"""Run the whole embedded demo: migrate, seed, Redis, the checkpoint store, web server, Celery worker and beat.
 
 The terminal shows what a person needs: start-up, the banner (with the log file's path), a line per
 cluster state change, errors, and the stop. Everything the web server, the workers and beat print goes
@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,7 +30,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from inventory.lab.machines import SHARED_MOUNT as LAB_SHARED_DIR
-from voltweb import embedded_redis, namespace
+from voltweb import embedded_redis, embedded_store, namespace
 
 
 class Command(BaseCommand):
@@ -62,11 +63,16 @@ class Command(BaseCommand):
         _log_this_process_to(self.log)
         children: list[subprocess.Popen] = []
         redis: list[subprocess.Popen] = []  # stopped last: stopping clusters still broadcasts through it
+        self.store = (
+            None  # the embedded checkpoint store: stopped after the clusters (they revoke their keys)
+        )
         try:
             self._run(port, no_seed, exit_after, children, redis)
         finally:
             self._stop(children)  # web, worker and beat first: nothing starts a Ray node after this
             self._stop_clusters()
+            if self.store is not None:
+                embedded_store.stop(self.store.pid, self.store.data_dir)
             self._stop(redis)
             _remove_local_fabric()  # lo as it was: nothing of this demo stays shaped
             if self.lab:
@@ -74,6 +80,24 @@ class Command(BaseCommand):
                 call_command("lab", "down", "--lab", str(self.lab))
             self._say("Demo stopped.")
             self.log.close()
+
+    def _start_store(self) -> None:
+        """An embedded SeaweedFS for the demo's checkpoints (VOLT_STORE_* unset), afresh in the data dir: the
+        clusters that wrote to the last one were terminated with it."""
+        folder = Path(settings.VOLT_DATA_DIR) / "store"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        try:
+            self.store = embedded_store.start(folder)
+        except embedded_store.StoreError as exc:
+            self._say(f"No checkpoint store ({exc}): checkpoints stay on the clusters' shared storage.")
+            return
+        values = {"VOLT_STORE_ENDPOINT": self.store.endpoint, "VOLT_STORE_ACCESS_KEY": self.store.access_key,
+                  "VOLT_STORE_SECRET_KEY": self.store.secret_key}  # fmt: skip
+        for name, value in values.items():  # the web server and the workers inherit them
+            os.environ[name] = value
+            setattr(settings, name, value)
+        self._say(f"Checkpoints go to an embedded S3 store (SeaweedFS) at {self.store.endpoint}.")
 
     def _say(self, text: str, style=None) -> None:
         """A line on the terminal (and in the log), whole even while children's errors are echoed."""
@@ -93,6 +117,8 @@ class Command(BaseCommand):
             redis.append(proc)
             self._say(f"No Redis at {settings.REDIS_URL}; started an embedded one at {redis_url}.")
             _use_redis(redis_url)  # before seeding: it writes the cache and broadcasts
+        if not settings.VOLT_STORE_ENDPOINT:
+            self._start_store()
         call_command("migrate", interactive=False, verbosity=0)
         if os.geteuid() == 0:  # clusters run Ray as users of their own, from a runtime they can run
             try:
