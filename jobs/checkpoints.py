@@ -193,7 +193,9 @@ def checkpoint_archive(c: Checkpoint) -> Iterator[bytes]:
             "cluster (its connect box says where)."
         )
     if not c.synchronized:
-        raise NotDownloadable(f"Checkpoint step {c.step} is not synchronized ({c.reason}): only whole ones download.")
+        raise NotDownloadable(
+            f"Checkpoint step {c.step} is not synchronized ({c.reason}): only whole ones download."
+        )
     admin = object_store.from_settings()
     if admin is None:
         raise NotDownloadable("Volt has no checkpoint store configured any more (VOLT_STORE_ENDPOINT).")

@@ -66,8 +66,10 @@ def job_detail(request, cluster_id, pk):
     context = {
         "job": job,
         "cluster": job.cluster,
-        "checkpoints": [(c, services.checkpoint_location(c), services.download_url(c))
-                        for c in job.checkpoints.order_by("step")],  # fmt: skip
+        "checkpoints": [
+            (c, services.checkpoint_location(c), services.download_url(c))
+            for c in job.checkpoints.order_by("step")
+        ],  # fmt: skip
         "events": job.events.all(),
         "can_stop": job.status in LIVE | WAITING,
         "log_tail": services.LOG_PAGE_MAX,

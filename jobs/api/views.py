@@ -179,7 +179,9 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         responses={(200, "application/x-tar"): OpenApiTypes.BINARY, **ERRORS},
-        parameters=[OpenApiParameter("step", int, OpenApiParameter.PATH, description="The checkpoint's step.")],
+        parameters=[
+            OpenApiParameter("step", int, OpenApiParameter.PATH, description="The checkpoint's step.")
+        ],
     )
     @action(detail=True, methods=["get"], url_path=r"checkpoints/(?P<step>[0-9]+)/download",
             url_name="checkpoint-download")  # fmt: skip
