@@ -13,7 +13,8 @@ namespace, the gate is among that namespace's processes, so a crashed lab's gate
 the state file never recorded it.
 
 The same gate, turned round (`--back`), lets control machines (`"role": "control"`) reach the control
-plane's PostgreSQL and Redis without anything in the root namespace targeting a lab address:
+plane's PostgreSQL and Redis without anything in the root namespace targeting a lab address (and, with
+`--open-back`, every machine reach the checkpoint store's S3 API, which checks each cluster's key itself):
 
     control machine ──TCP──▶ 10.77.0.1:5432 (an address on the router namespace's lo, where the gate's
                              back sockets listen; only the `--allow`ed source addresses are served)
@@ -154,12 +155,14 @@ def _handler(target: tuple[str, int], make_socket=None, allow: frozenset[str] | 
 
 
 async def _serve(
-    routes: list[tuple[socket.socket, tuple[str, int]]], back=(), make_socket=None, allow=()
+    routes: list[tuple[socket.socket, tuple[str, int]]], back=(), make_socket=None, allow=(), open_back=()
 ) -> None:
     servers = [await asyncio.start_server(_handler(target), sock=sock) for sock, target in routes]
     allowed = frozenset(allow)
     for sock, target in back:
         servers.append(await asyncio.start_server(_handler(target, make_socket, allowed), sock=sock))
+    for sock, target in open_back:  # served to every machine of the lab
+        servers.append(await asyncio.start_server(_handler(target, make_socket), sock=sock))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -177,19 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--back", action="append", default=[],
                         help="LISTEN=TARGET: listen in the joined namespace, connect to a loopback TARGET in the first")  # fmt: skip
     parser.add_argument("--allow", action="append", default=[], help="a source address back routes serve")
+    parser.add_argument("--open-back", action="append", default=[],
+                        help="LISTEN=TARGET: a back route every machine may use (the checkpoint store's S3 API)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        routes, back = [], []
+        routes, back, open_back = [], [], []
         for route in args.routes:
             listen, _, target = route.partition("=")
             routes.append((_listen(_address(listen)), _address(target)))
         spaces = _Namespaces(args.netns)
         spaces.join()  # before any thread exists: every thread the loop starts is born in there
-        for route in args.back:
-            listen, _, target = route.partition("=")
-            if not _address(target)[0].startswith("127."):
-                raise ValueError(f"{target}: back routes reach loopback addresses only")
-            back.append((_listen(_address(listen), loopback=False), _address(target)))
+        for routes_of, given in ((back, args.back), (open_back, args.open_back)):
+            for route in given:
+                listen, _, target = route.partition("=")
+                if not _address(target)[0].startswith("127."):
+                    raise ValueError(f"{target}: back routes reach loopback addresses only")
+                routes_of.append((_listen(_address(listen), loopback=False), _address(target)))
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", flush=True)
         return 1
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     for fd in (1, 2):
         os.dup2(log, fd)
-    asyncio.run(_serve(routes, back, spaces.home_socket, args.allow))
+    asyncio.run(_serve(routes, back, spaces.home_socket, args.allow, open_back))
     return 0
 
 
@@ -207,9 +213,11 @@ def start(
     routes: dict[str, str],
     back: dict[str, str] | None = None,
     allow: tuple[str, ...] = (),
+    open_back: dict[str, str] | None = None,
 ) -> int:
-    """Start a gate for `routes` ({"127.77.1.1:22": "10.77.1.11:22"}) and `back` routes served to the
-    `allow`ed addresses ({"10.77.0.1:5432": "127.0.0.1:5432"}); its PID once it serves."""
+    """Start a gate for `routes` ({"127.77.1.1:22": "10.77.1.11:22"}), `back` routes served to the
+    `allow`ed addresses ({"10.77.0.1:5432": "127.0.0.1:5432"}) and `open_back` routes served to every machine
+    (the checkpoint store's S3 API); its PID once it serves."""
     repo = Path(__file__).resolve().parents[2]
     argv = [sys.executable, "-m", "inventory.lab.gate", "--netns", netns, "--log", str(log)]
     argv += [f"{listen}={target}" for listen, target in routes.items()]
@@ -217,6 +225,8 @@ def start(
         argv += ["--back", f"{listen}={target}"]
     for address in allow:
         argv += ["--allow", address]
+    for listen, target in (open_back or {}).items():
+        argv += ["--open-back", f"{listen}={target}"]
     process = subprocess.Popen(
         argv, cwd=repo, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(repo)},
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

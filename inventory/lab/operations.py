@@ -77,6 +77,7 @@ class LabStatus:
     key_path: Path
     shared: Path
     machines: tuple[MachineStatus, ...]
+    store_endpoint: str = ""  # the checkpoint store as the machines reach it ("" when they cannot)
 
     def machine(self, name: str) -> MachineStatus:
         return next(m for m in self.machines if m.name == name)
@@ -132,9 +133,12 @@ def up(
     default_nics: Callable[[str, int, str], list] | None = None,
     say: Say = print,
     services: dict[str, str] | None = None,
+    store_endpoint: str = "",
 ) -> LabState:
     """Bring lab `lab` up from the `declared` topology; a crashed lab of that number is removed first.
-    `services` ({"10.77.0.1:5432": "127.0.0.1:5432"}, `control_services`) are what control machines reach."""
+    `services` ({"10.77.0.1:5432": "127.0.0.1:5432"}, `control_services`) are what control machines reach;
+    the checkpoint store at `store_endpoint` (VOLT_STORE_ENDPOINT), when on this box's loopback, is what every
+    machine reaches at 10.77.0.1 (`LabState.store_endpoint`, for VOLT_STORE_NODE_ENDPOINT)."""
     _check_base(Path(base))
     _require()
     try:
@@ -150,7 +154,7 @@ def up(
             say(f"lab {lab}: removing what an earlier lab left behind")
             _teardown(Path(base), lab, say)
         try:
-            return _make(directory, topology, scale, gate_port, say, services or {})
+            return _make(directory, topology, scale, gate_port, say, services or {}, store_endpoint)
         except BaseException:
             say(f"lab {lab} did not come up: removing what was made")
             _teardown(Path(base), lab, say)
@@ -158,9 +162,16 @@ def up(
 
 
 def _make(
-    directory: Path, topology: Topology, scale: float, gate_port: int, say: Say, services: dict[str, str]
+    directory: Path,
+    topology: Topology,
+    scale: float,
+    gate_port: int,
+    say: Say,
+    services: dict[str, str],
+    store_endpoint: str = "",
 ) -> LabState:
     lab = topology.lab
+    store_route, node_endpoint = store_service(store_endpoint)
     record = LabState(
         lab=lab,
         owner=ProcessRef.of(os.getpid()),
@@ -170,6 +181,8 @@ def _make(
         login_uid=machines.free_uid(),
         run_netns_was_mounted=network.run_netns_is_mounted(),
         services=dict(services) if any(m.role == "control" for m in topology.machines) else {},
+        store_route=store_route,
+        store_endpoint=node_endpoint,
     )
     directory.mkdir(parents=True, mode=0o700)
     state.write(directory, record)
@@ -209,6 +222,8 @@ def _make(
             ", ".join(f"{k} (→ {v})" for k, v in services.items()) or "nothing (no loopback TCP service)"
         )
         say(f"control machines reach the control plane's services at {offered}")
+    if node_endpoint:
+        say(f"every machine reaches the checkpoint store at {node_endpoint} (→ {store_endpoint})")
     _boot(directory, record, topology, [m.name for m in topology.machines])
     record.status, record.owner = state.UP, None
     state.write(directory, record)
@@ -228,7 +243,9 @@ def _start_gate(directory: Path, record: LabState, topology: Topology, services:
     netns = str(network.NETNS_DIR / network.router_namespace(topology.lab))
     control = tuple(m.address for m in topology.machines if m.role == "control")
     try:
-        pid = gate.start(netns, directory / "gate.log", routes, services if control else {}, control)
+        pid = gate.start(
+            netns, directory / "gate.log", routes, services if control else {}, control, record.store_route
+        )
     except RuntimeError as exc:
         hint = " (is another sshd or lab listening there? pick another with --gate-port)"
         raise LabError(f"{exc}{hint if 'in use' in str(exc) else ''}") from None
@@ -365,6 +382,7 @@ def status(base: Path, lab: int) -> LabStatus:
         key_path=directory / KEY_NAME,
         shared=machines.shared_dir(directory),
         machines=tuple(rows),
+        store_endpoint=record.store_endpoint,
     )
 
 
@@ -448,6 +466,19 @@ def control_services(database: dict, redis_url: str) -> dict[str, str]:
         if _loopback(target) and ":" not in target:
             services[f"{CONTROL_ADDRESS}:{port}"] = f"{target}:{port}"
     return services
+
+
+def store_service(endpoint: str) -> tuple[dict[str, str], str]:
+    """The gate's open back route for the checkpoint store's S3 API at `endpoint` when it listens on this box's
+    loopback ({"10.77.0.1:<port>": "<loopback>:<port>"}), and the endpoint machines then use; ({}, "")
+    otherwise (no store, or one the machines reach by themselves)."""
+    parsed = urlsplit(endpoint or "")
+    host = "127.0.0.1" if parsed.hostname == "localhost" else (parsed.hostname or "")
+    if parsed.scheme != "http" or not _loopback(host) or ":" in host or not parsed.port:
+        return {}, ""
+    return {
+        f"{CONTROL_ADDRESS}:{parsed.port}": f"{host}:{parsed.port}"
+    }, f"http://{CONTROL_ADDRESS}:{parsed.port}"
 
 
 def _loopback(host: str) -> bool:

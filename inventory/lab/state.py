@@ -95,6 +95,10 @@ class LabState:
     run_netns_was_mounted: bool = True
     # The gate's back routes: {"10.77.0.1:5432": "127.0.0.1:5432"}, what control machines reach.
     services: dict[str, str] = field(default_factory=dict)
+    # The checkpoint store's S3 API as every machine reaches it ({"10.77.0.1:8333": "127.0.0.1:8333"}), and
+    # the endpoint that makes for Volt's VOLT_STORE_NODE_ENDPOINT ("" without a store on this box's loopback).
+    store_route: dict[str, str] = field(default_factory=dict)
+    store_endpoint: str = ""
 
     def as_json(self) -> dict:
         return asdict(self)

@@ -43,6 +43,17 @@ def test_services_the_gate_cannot_carry_are_not_offered():
     assert operations.control_services(elsewhere, "redis://127.example.com:6379/0") == {}
 
 
+def test_a_loopback_checkpoint_store_is_offered_to_every_machine_and_others_are_not():
+    route, endpoint = operations.store_service("http://127.0.0.1:8333")
+    assert route == {f"{CONTROL_ADDRESS}:8333": "127.0.0.1:8333"}
+    assert endpoint == f"http://{CONTROL_ADDRESS}:8333"  # what Volt gives the lab's jobs
+    assert operations.store_service("http://localhost:9000")[0] == {
+        f"{CONTROL_ADDRESS}:9000": "127.0.0.1:9000"
+    }
+    for elsewhere in ("", "https://s3.example.com", "http://store.example.com:8333", "http://127.0.0.1"):
+        assert operations.store_service(elsewhere) == ({}, ""), elsewhere
+
+
 ENVIRON = {
     "DATABASE_URL": "postgres://volt:s3cr@t@localhost/volt",
     "REDIS_URL": "redis://:pw@127.0.0.1:6379/3",

@@ -104,7 +104,7 @@ class Command(BaseCommand):
         services = operations.control_services(settings.DATABASES["default"], settings.REDIS_URL)
         operations.up(
             base, lab, declared, scale, options["gate_port"], default_nics=_default_nics, say=self._say,
-            services=services,
+            services=services, store_endpoint=settings.VOLT_STORE_ENDPOINT,
         )  # fmt: skip
 
     def _status(self, base, lab) -> None:
@@ -121,6 +121,8 @@ class Command(BaseCommand):
         self._say(
             f"log in: ssh -i {status.key_path} -p {status.machines[0].gate_port} {status.login_user}@GATE"
         )
+        if status.store_endpoint:
+            self._say(f"the checkpoint store, as every machine reaches it: {status.store_endpoint}")
         rows = [("MACHINE", "PROVIDER", "BLOCK", "GPUS", "ADDRESS", "GATE", "POWER", "CABLE")]
         for m in status.machines:
             cable = "plugged" if m.plugged else "unplugged"
