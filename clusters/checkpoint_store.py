@@ -60,7 +60,7 @@ def ensure_identity(cluster: Cluster) -> bool:
 
 def revoke_identity(cluster: Cluster) -> list[str]:
     """The cluster has ended: its key stops working (its checkpoints stay, for the team). Problems, if any."""
-    if not cluster.store_access_key:
+    if not cluster.store_secret_key_encrypted:
         return []
     store = object_store.from_settings()
     if store is None:
@@ -69,8 +69,9 @@ def revoke_identity(cluster: Cluster) -> list[str]:
         store.revoke(identity_name(cluster))
     except Exception as exc:  # noqa: BLE001 - a teardown reports, it does not stop
         return [f"checkpoint store identity {identity_name(cluster)}: {exc}"]
-    Cluster.objects.filter(pk=cluster.pk).update(store_access_key="", store_secret_key_encrypted="")
-    cluster.store_access_key = cluster.store_secret_key_encrypted = ""
+    # The key's id stays: it says the cluster's checkpoints are in the store (onray.checkpoint_dir).
+    Cluster.objects.filter(pk=cluster.pk).update(store_secret_key_encrypted="")
+    cluster.store_secret_key_encrypted = ""
     return []
 
 
@@ -80,8 +81,8 @@ def checkpoint_root(cluster: Cluster, *parts: str | int) -> str:
 
 
 def job_environment(cluster: Cluster) -> dict[str, str]:
-    """VOLT_STORE_* for the cluster's jobs (volt_store reads them); {} without an identity."""
-    if not cluster.store_access_key:
+    """VOLT_STORE_* for the cluster's jobs (volt_store reads them); {} without an identity (or once revoked)."""
+    if not (cluster.store_access_key and cluster.store_secret_key_encrypted):
         return {}
     return {
         "VOLT_STORE_ENDPOINT": node_endpoint(cluster),

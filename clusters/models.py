@@ -119,10 +119,13 @@ class Cluster(models.Model):
     )
     # Its identity in the checkpoint store (clusters/checkpoint_store.py), confined by the store to its prefix.
     store_access_key = models.CharField(
-        max_length=128, blank=True, help_text="The cluster's key in the checkpoint store (none: no store)."
+        max_length=128,
+        blank=True,
+        help_text="The cluster's key in the checkpoint store (none: no store); kept once revoked, as a record.",
     )
     store_secret_key_encrypted = models.TextField(
-        blank=True, help_text="That key's secret, Fernet-encrypted; its jobs get it in their environment."
+        blank=True,
+        help_text="That key's secret, Fernet-encrypted; its jobs get it in their environment. Empty once revoked.",
     )
     node_user = models.CharField(
         max_length=32,

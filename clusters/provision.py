@@ -129,6 +129,12 @@ def _bring_up_with_replacements(cluster: Cluster) -> Cluster:
             )
     except object_store.StoreUnavailable as exc:
         return fail(cluster, FailureReason.CONFIG_INVALID, f"no place for its checkpoints: {exc}"[:1000])
+    except Exception as exc:  # noqa: BLE001 - whatever the store answered, the cluster fails cleanly
+        logger.exception("cluster %s: granting its identity in the checkpoint store failed", cluster.pk)
+        return fail(
+            cluster, FailureReason.CONFIG_INVALID,
+            f"no place for its checkpoints: the checkpoint store refused ({type(exc).__name__}: {exc})"[:1000],
+        )  # fmt: skip
     for attempt in range(1, attempts + 1):
         try:
             bring_up(cluster)

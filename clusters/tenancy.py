@@ -240,8 +240,9 @@ def remove_ssh_node_user(cluster: Cluster, driver: HostDriver, nodes: list[Clust
 
 def volt_service_ports() -> set[int]:
     """TCP ports of Volt's own services on this machine, closed to cluster users (node_firewall): the
-    database's and Redis's (from their URLs) and VOLT_SERVICE_PORTS (the web server's; the demo adds its)."""
-    ports = {int(p) for p in settings.VOLT_SERVICE_PORTS}
+    database's and Redis's (from their URLs), VOLT_SERVICE_PORTS (the web server's; the demo adds its) and
+    VOLT_STORE_PRIVATE_PORTS (an embedded store's keyless ports; its S3 API stays open: jobs use it)."""
+    ports = {int(p) for p in [*settings.VOLT_SERVICE_PORTS, *settings.VOLT_STORE_PRIVATE_PORTS]}
     database = settings.DATABASES["default"]
     if "postgresql" in database["ENGINE"]:
         ports.add(int(database.get("PORT") or 5432))

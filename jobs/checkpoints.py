@@ -27,6 +27,7 @@ from inventory import local_runtime, runtimes
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError
 from jobs import onray, transitions
+from jobs.choices import LIVE
 from jobs.models import Checkpoint, Job
 from jobs.workdirs import (
     CKPT_MODULE,
@@ -142,23 +143,35 @@ RETENTION = "removed by retention"
 
 def apply_retention(job: Job, found: list[dict]) -> dict[str, str]:
     """In the store: remove all but the last VOLT_CHECKPOINT_KEEP synchronized checkpoints of the job (never
-    the one its attempt resumed from), and incomplete ones first seen more than
-    VOLT_CHECKPOINT_INCOMPLETE_GRACE_S ago. {path: why} of those removed; their rows stay (the job's
-    goodput counts their save time), marked not synchronized with that reason."""
+    the one its attempt resumed from), and incomplete ones that can no longer complete: older than the latest
+    synchronized one (a run resumes from that and saves only later steps), or, once the job has ended, first
+    seen more than VOLT_CHECKPOINT_INCOMPLETE_GRACE_S ago. An incomplete one past the latest synchronized step
+    of a live job may be uploading: it stays. {path: why} of those removed; their rows stay (the job's goodput
+    counts their save time), marked not synchronized with that reason."""
     if not found or not volt_ckpt.is_store(found[0]["path"]):
+        return {}
+    client = store_client(job.cluster)
+    if client is None:
         return {}
     keep, grace = settings.VOLT_CHECKPOINT_KEEP, settings.VOLT_CHECKPOINT_INCOMPLETE_GRACE_S
     synchronized = [entry for entry in found if entry["synchronized"]]
     doomed = {entry["path"]: f"{RETENTION}: the job keeps its last {keep} synchronized checkpoints"
               for entry in synchronized[: max(0, len(synchronized) - keep)]}  # fmt: skip
+    latest = synchronized[-1]["step"] if synchronized else -1
     first_seen = dict(job.checkpoints.values_list("path", "discovered_at"))
     cutoff = timezone.now() - timedelta(seconds=grace)
+    ended = job.status not in LIVE
     for entry in found:
+        if entry["synchronized"]:
+            continue
         seen_at = first_seen.get(entry["path"])
-        if not entry["synchronized"] and seen_at is not None and seen_at < cutoff:
+        if entry["step"] < latest:
+            doomed[entry["path"]] = (
+                f"{RETENTION}: incomplete, and older than step {latest} ({entry['reason']})"
+            )
+        elif ended and seen_at is not None and seen_at < cutoff:
             doomed[entry["path"]] = f"{RETENTION}: incomplete for more than {grace:g} s ({entry['reason']})"
     doomed.pop(job.resume_from, None)
-    client = store_client(job.cluster)
     removed = {}
     for path, why in doomed.items():
         try:
@@ -201,9 +214,15 @@ def checkpoint_archive(c: Checkpoint) -> Iterator[bytes]:
         raise NotDownloadable("Volt has no checkpoint store configured any more (VOLT_STORE_ENDPOINT).")
     store = volt_store.Store(admin.endpoint, admin.region, admin.access_key, admin.secret_key)
     try:
-        manifest = volt_ckpt.read_manifest(c.path, store=store)
-    except (volt_ckpt.CheckpointError, volt_store.StoreError) as exc:
+        # Checked again now, with Volt's key: the job (its cluster's key) could have rewritten the manifest
+        # since the scan. Only shard names of the protocol's form, each under the checkpoint's own prefix.
+        manifest, reason = volt_ckpt.verify(c.path, store=store)
+    except volt_store.StoreError as exc:
         raise NotDownloadable(f"Checkpoint step {c.step} cannot be read from the store: {exc}") from None
+    if reason or manifest is None:
+        raise NotDownloadable(f"Checkpoint step {c.step} is not synchronized any more ({reason}).")
+    if not all(volt_ckpt.SHARD_RE.match(str(entry.get("file", ""))) for entry in manifest["shards"]):
+        raise NotDownloadable(f"Checkpoint step {c.step}'s manifest names files that are not shards.")
     return _tar_stream(store, c.path, manifest)
 
 

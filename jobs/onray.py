@@ -66,7 +66,7 @@ def shown_path(job: Job, path: str) -> str:
     """A path in the job's checkpoint dir as people see it (the connect box's `~/volt/clusters/…/storage`),
     never this machine's folder behind a local cluster's storage link; any other path as it is."""
     inside = checkpoint_dir(job).rstrip("/") + "/"
-    if path.startswith(inside):
+    if path.startswith(inside) and not path.startswith("s3://"):  # the store's places are shown as they are
         return storage_location(job.cluster, "jobs", job.pk, "checkpoints", path[len(inside) :])
     return path
 

@@ -5,7 +5,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -16,6 +15,7 @@ from jobs.api.views import submit_from
 from jobs.choices import LIVE, WAITING
 from jobs.forms import JobForm
 from voltweb.statemachine import IllegalTransition
+from voltweb.streaming import ThreadedStreamingResponse
 
 
 @login_required
@@ -82,7 +82,9 @@ def job_detail(request, cluster_id, pk):
 def job_log_download(request, cluster_id, pk):
     """The job's whole stored log as a text file, streamed chunk by chunk (up to VOLT_JOB_LOG_MAX_MB)."""
     job = _job(request, cluster_id, pk)
-    response = StreamingHttpResponse(services.log_text_chunks(job), content_type="text/plain; charset=utf-8")
+    response = ThreadedStreamingResponse(
+        services.log_text_chunks(job), content_type="text/plain; charset=utf-8"
+    )
     response["Content-Disposition"] = f'attachment; filename="job-{job.pk}.log"'
     return response
 

@@ -8,7 +8,8 @@ command line (readable by every user in /proc). The embedded IAM API is writable
 (`-s3.iam.readOnly=false`): Volt gives each cluster an identity of its own through it
 (voltweb/object_store.py). The Iceberg and Lance endpoints, on fixed ports by default, are off.
 
-`python -m voltweb.embedded_store DATA_DIR` prints `ENDPOINT ACCESS_KEY SECRET_KEY PID` once it serves.
+`python -m voltweb.embedded_store DATA_DIR` prints `ENDPOINT ACCESS_KEY SECRET_KEY PID PRIVATE_PORTS` once it
+serves (the last comma-separated: the ports other than the S3 API's, for VOLT_STORE_PRIVATE_PORTS).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class EmbeddedStore:
     secret_key: str
     pid: int
     data_dir: Path
+    # Its ports other than the S3 API's (master, volume server, filer, and every gRPC port): they answer
+    # without a key, so cluster users must not reach them (VOLT_STORE_PRIVATE_PORTS, node_firewall).
+    private_ports: tuple[int, ...] = ()
 
 
 def weed_binary() -> str:
@@ -114,7 +118,10 @@ def start(data_dir: Path) -> EmbeddedStore:
             start_new_session=True,
         )
     endpoint = f"http://127.0.0.1:{ports['s3']}"
-    store = EmbeddedStore(endpoint, access_key, secret_key, process.pid, data_dir)
+    private = sorted(
+        {ports["master"], ports["volume"], ports["filer"], *(p + _GRPC_OFFSET for p in ports.values())}
+    )
+    store = EmbeddedStore(endpoint, access_key, secret_key, process.pid, data_dir, tuple(private))
     try:
         _wait_ready(store, process)
     except BaseException:
@@ -217,4 +224,5 @@ def _alive(pid: int) -> bool:
 
 if __name__ == "__main__":
     started = start(Path(sys.argv[1]))
-    print(started.endpoint, started.access_key, started.secret_key, started.pid, flush=True)
+    private = ",".join(map(str, started.private_ports))
+    print(started.endpoint, started.access_key, started.secret_key, started.pid, private, flush=True)

@@ -363,8 +363,15 @@ VOLT_STORE_SECRET_KEY = env_str("VOLT_STORE_SECRET_KEY", "")
 # The store's endpoint as SSH hosts reach it (local hosts use VOLT_STORE_ENDPOINT). Unset: clusters on SSH
 # hosts keep checkpoints on their shared storage folder (VOLT_SSH_SHARED_DIR, or each host's own).
 VOLT_STORE_NODE_ENDPOINT = env_str("VOLT_STORE_NODE_ENDPOINT", "")
+# Ports of the store on this machine that answer without a key (an embedded SeaweedFS's master, volume server,
+# filer and gRPC ports): closed to cluster users on local hosts like Volt's own services. The demo and
+# scripts/test set it for the store they start.
+VOLT_STORE_PRIVATE_PORTS = env_list("VOLT_STORE_PRIVATE_PORTS", [])
+if not all(p.isdigit() and 0 < int(p) < 65536 for p in VOLT_STORE_PRIVATE_PORTS):
+    raise ImproperlyConfigured("VOLT_STORE_PRIVATE_PORTS must be comma-separated TCP ports (1-65535)")
 # Retention in the store (jobs/checkpoints.py): each job keeps its last K synchronized checkpoints (never the
-# one it resumed from); an incomplete one (no manifest, a shard missing) goes once first seen this long ago.
+# one it resumed from); an incomplete one (no manifest, a shard missing) goes once older than the latest
+# synchronized one, or, after the job ended, once first seen this long ago.
 VOLT_CHECKPOINT_KEEP = env_int("VOLT_CHECKPOINT_KEEP", 3, minimum=1)
 VOLT_CHECKPOINT_INCOMPLETE_GRACE_S = env_float(
     "VOLT_CHECKPOINT_INCOMPLETE_GRACE_S", 3600.0, minimum=60.0, maximum=30 * 86400.0

@@ -6,7 +6,6 @@ import json
 import math
 import shutil
 
-from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
@@ -15,7 +14,9 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import MultiPartParser
+from rest_framework.renderers import BaseRenderer
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from inventory.filters import IdFilter
 from jobs import goodput, services, workdirs
@@ -26,6 +27,20 @@ from jobs.choices import JobStatus
 from jobs.models import Job
 from voltweb.api.errors import ErrorResponseSerializer
 from voltweb.api.parsers import StrictJSONParser
+from voltweb.streaming import ThreadedStreamingResponse
+
+
+class TarRenderer(BaseRenderer):
+    """Lets a client ask for the download as `Accept: application/x-tar` (errors still come as JSON bytes)."""
+
+    media_type = "application/x-tar"
+    format = "tar"
+    charset = None
+    render_style = "binary"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return data if isinstance(data, bytes) else json.dumps(data).encode()
+
 
 ERRORS = {400: ErrorResponseSerializer, 401: ErrorResponseSerializer, 403: ErrorResponseSerializer,
           404: ErrorResponseSerializer, 409: ErrorResponseSerializer}  # fmt: skip
@@ -184,7 +199,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         ],
     )
     @action(detail=True, methods=["get"], url_path=r"checkpoints/(?P<step>[0-9]+)/download",
-            url_name="checkpoint-download")  # fmt: skip
+            url_name="checkpoint-download", renderer_classes=[*api_settings.DEFAULT_RENDERER_CLASSES, TarRenderer])  # fmt: skip
     def checkpoint_download(self, request, pk=None, step=None):
         """A synchronized checkpoint in the checkpoint store as one tar (`step-N/manifest.json`, then every
         shard), streamed from the store; for members of the cluster's team, also after the cluster ended.
@@ -193,7 +208,7 @@ class JobViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         checkpoint = get_object_or_404(job.checkpoints, step=int(step) if len(step) <= 9 else -1)
         services.check_may_download(checkpoint, request.user)
         stream = services.checkpoint_archive(checkpoint)
-        response = StreamingHttpResponse(stream, content_type="application/x-tar")
+        response = ThreadedStreamingResponse(stream, content_type="application/x-tar")
         response["Content-Disposition"] = f'attachment; filename="{services.archive_name(checkpoint)}"'
         return response
 

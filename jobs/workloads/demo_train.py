@@ -205,10 +205,8 @@ def _train(
                                volt_ckpt.emit_checkpoint, int(manifest["step"]), path, manifest))  # fmt: skip
         if config.step_sleep > 0:
             time.sleep(config.step_sleep)
-    if config.checkpoint_dir:
-        volt_ckpt.wait_uploads(
-            config.checkpoint_dir, rank
-        )  # the last checkpoint is in the store before "done"
+    if config.checkpoint_dir:  # the last checkpoint is in the store (or given up) before "done"
+        volt_ckpt.finish_uploads(config.checkpoint_dir, rank, world)
     digest = volt_ckpt.params_sha256(model)
     emit(volt_ckpt.emit_done, step, digest)
     return {"step": step, "params_sha256": digest}

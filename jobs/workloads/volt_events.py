@@ -16,11 +16,14 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 EVENT_PREFIX = "VOLT_EVENT "
+_stdout_lock = threading.Lock()
 
 
 # --------------------------------------------------------------------------------------- events
@@ -34,8 +37,10 @@ def event_line(kind: str, **fields: Any) -> str:
 def emit(kind: str, *, sink: Callable[[str], Any] | None = None, **fields: Any) -> str:
     """Print one event line on stdout (or hand it to `sink`); returns the line."""
     line = event_line(kind, **fields)
-    if sink is None:
-        print(line, flush=True)
+    if sink is None:  # one write under a lock: a checkpoint's event comes from its upload thread
+        with _stdout_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
     else:
         sink(line)
     return line

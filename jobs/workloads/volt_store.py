@@ -74,7 +74,8 @@ class Store:
 
             config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 4, "mode": "standard"},
                             connect_timeout=5, read_timeout=120)  # fmt: skip
-            self._client = boto3.client("s3", config=config, **self._args)
+            # A session of its own: boto3's default session is not safe to share between threads.
+            self._client = boto3.session.Session().client("s3", config=config, **self._args)
         return self._client
 
     def _transfer(self):
@@ -85,13 +86,13 @@ class Store:
             max_concurrency=PART_CONCURRENCY, use_threads=True,
         )  # fmt: skip
 
-    def upload_file(self, path: str | os.PathLike, url: str, sha256: str) -> None:
+    def upload_file(self, path: str | os.PathLike, url: str, sha256: str, **metadata: str) -> None:
+        """Upload a file (in parts when large) with its sha256, and any other `metadata`, on the object."""
         bucket, key = split(url)
+        extra = {"Metadata": {"sha256": sha256, **metadata}}
         self._call(
             f"uploading {url}",
-            lambda: self.client.upload_file(
-                str(path), bucket, key, ExtraArgs={"Metadata": {"sha256": sha256}}, Config=self._transfer()
-            ),
+            lambda: self.client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=self._transfer()),
         )
 
     def download_file(self, url: str, path: str | os.PathLike) -> None:
@@ -115,19 +116,27 @@ class Store:
         """The object's bytes; None when there is no such object."""
         bucket, key = split(url)
         try:
-            body = self._call(f"reading {url}", lambda: self.client.get_object(Bucket=bucket, Key=key))
+            return self._call(
+                f"reading {url}", lambda: self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            )
         except FileNotFoundError:
             return None
-        return body["Body"].read()
 
     def head(self, url: str) -> tuple[int, str] | None:
         """(size, the sha256 its uploader recorded) of the object; None when there is no such object."""
+        found = self.info(url)
+        return None if found is None else (found[0], found[1].get("sha256", ""))
+
+    def info(self, url: str) -> tuple[int, dict[str, str]] | None:
+        """(size, the metadata its uploader recorded) of the object; None when there is no such object."""
         bucket, key = split(url)
         try:
             found = self._call(f"looking up {url}", lambda: self.client.head_object(Bucket=bucket, Key=key))
         except FileNotFoundError:
             return None
-        return int(found["ContentLength"]), str((found.get("Metadata") or {}).get("sha256", ""))
+        return int(found["ContentLength"]), {
+            k.lower(): str(v) for k, v in (found.get("Metadata") or {}).items()
+        }
 
     def listing(self, url: str) -> tuple[list[str], dict[str, int]]:
         """(the names of the 'folders' right under `url`, {file name: size} right under it)."""

@@ -112,11 +112,11 @@ def test_a_shard_that_never_reaches_the_store_leaves_its_checkpoint_without_a_ma
     release = threading.Event()
     real_upload = volt_store.Store.upload_file
 
-    def upload(self, path, url, sha256):
+    def upload(self, path, url, sha256, **metadata):
         if url.endswith("step-00000020/shard-00001-of-00002.pt"):
             release.wait(30)  # rank 1's machine is gone: its upload never finishes while rank 0 waits
             raise volt_store.StoreError("connection lost")
-        return real_upload(self, path, url, sha256)
+        return real_upload(self, path, url, sha256, **metadata)
 
     monkeypatch.setattr(volt_store.Store, "upload_file", upload)
     monkeypatch.setattr(volt_ckpt, "UPLOAD_TIMEOUT_S", 2.0)
@@ -230,7 +230,7 @@ def store_job(store_admin, settings, team_a, alice, monkeypatch, tmp_path):
     assert checkpoint_store.identity_name(cluster) not in store_admin.identities()
 
 
-def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_after_the_grace(
+def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_that_cannot_complete(
     store_job, settings
 ):
     from datetime import timedelta
@@ -246,17 +246,27 @@ def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_after
     volt_ckpt.wait_uploads(root)
     store = checkpoints.store_client(job.cluster)
     store.put_bytes(f"{root}/step-00000050/shard-00000-of-00002.pt", b"half of a checkpoint")  # no manifest
+    # Left by a failed attempt: older than the latest synchronized step, so no run will ever finish it.
+    store.put_bytes(f"{root}/step-00000035/shard-00000-of-00002.pt", b"the rest never came")
     job.resume_from = f"{root}/step-00000010"  # the attempt resumed from it: kept whatever its age
-    job.save(update_fields=["resume_from"])
+    job.status = "running"
+    job.save(update_fields=["resume_from", "status"])
 
     rows = {c.step: c for c in checkpoints.rescan_checkpoints(job)}
     assert [s for s, c in sorted(rows.items()) if c.synchronized] == [10, 30, 40]
     assert rows[20].reason == "removed by retention: the job keeps its last 2 synchronized checkpoints"
-    assert not rows[50].synchronized and rows[50].reason == "no manifest"  # young: it may still be uploading
+    assert rows[35].reason == "removed by retention: incomplete, and older than step 40 (no manifest)"
+    assert not rows[50].synchronized and rows[50].reason == "no manifest"  # the live job may be uploading it
     assert [e["step"] for e in volt_ckpt.scan(root)] == [10, 30, 40, 50]
-    assert job.events.filter(message="checkpoint retention removed step-00000020 from the store").exists()
+    assert job.events.filter(
+        message="checkpoint retention removed step-00000020, step-00000035 from the store"
+    ).exists()
 
+    # Old as it is, a live job's newest incomplete checkpoint stays; once the job has ended, it goes.
     job.checkpoints.filter(step=50).update(discovered_at=timezone.now() - timedelta(hours=2))
+    assert {c.step: c for c in checkpoints.rescan_checkpoints(job)}[50].reason == "no manifest"
+    job.status = "failed"
+    job.save(update_fields=["status"])
     rows = {c.step: c for c in checkpoints.rescan_checkpoints(job)}
     assert rows[50].reason == "removed by retention: incomplete for more than 3600 s (no manifest)"
     assert rows[20].reason.startswith("removed by retention")  # not "no longer in its storage"
@@ -282,6 +292,10 @@ def test_the_team_downloads_a_checkpoint_from_the_store_as_a_tar_also_after_the_
     rows = {c.step: c for c in checkpoints.rescan_checkpoints(job)}
     job.checkpoints.create(path="/storage/jobs/x/checkpoints/step-00000004", step=4, synchronized=True)
     checkpoint_store.revoke_identity(job.cluster)  # the cluster ended: its key went, its checkpoints did not
+    rows = {
+        c.step: c for c in checkpoints.rescan_checkpoints(job)
+    }  # no key to look with: rows stay as they were
+    assert rows[10].synchronized and rows[10].path.startswith("s3://")
 
     api = APIClient()
     api.force_authenticate(alice)
@@ -309,3 +323,34 @@ def test_the_team_downloads_a_checkpoint_from_the_store_as_a_tar_also_after_the_
     admin.force_authenticate(root)  # a platform admin sees the job, but the checkpoint is the team's
     assert admin.get(listed[10]["download"]).status_code == 403
     assert api.get(f"/api/v1/jobs/{job.pk}/checkpoints/99999999999/download/").status_code == 404
+
+
+def test_a_shard_left_by_an_earlier_attempt_at_the_same_step_is_never_taken_for_this_saves(
+    cluster_root, monkeypatch
+):
+    """A resumed run saves step 20 again where the failed attempt left rank 1's shard: rank 0 waits for the
+    shard of *this* save (its token on the object), not the old one already there."""
+    store = volt_store.Store.from_env()
+    stale = b"rank 1's shard of the attempt that failed"
+    store.put_bytes(
+        f"{cluster_root}/step-00000020/shard-00001-of-00002.pt", stale, hashlib.sha256(stale).hexdigest()
+    )
+    real_upload = volt_store.Store.upload_file
+
+    def slow(self, path, url, sha256, **metadata):
+        if url.endswith("shard-00001-of-00002.pt"):
+            import time
+
+            time.sleep(1.5)  # rank 1's upload lands well after rank 0 first looks
+        return real_upload(self, path, url, sha256, **metadata)
+
+    monkeypatch.setattr(volt_store.Store, "upload_file", slow)
+    gather = thread_gather(2)
+
+    def body(rank: int) -> None:
+        volt_ckpt.save(cluster_root, 20, shard_of(rank, 20, 0.25), rank=rank, world_size=2, gather=gather)
+        volt_ckpt.wait_uploads(cluster_root, rank)
+
+    run_ranks(2, body)
+    _, shards = volt_ckpt.load(f"{cluster_root}/step-00000020")  # hashes what it downloads
+    assert torch.equal(shards[1]["weights"], shard_of(1, 20, 0.25)["weights"])

@@ -179,5 +179,6 @@ def test_jobs_run_stream_checkpoint_stop_and_end_with_their_cluster(
     if os.environ.get(
         "VOLT_STORE_ENDPOINT"
     ):  # the cluster's key in the store went with it; its checkpoints stay
-        assert key and Cluster.objects.get(pk=cluster.pk).store_access_key == ""
+        ended = Cluster.objects.get(pk=cluster.pk)
+        assert key and ended.store_access_key == key and ended.store_secret_key_encrypted == ""
         assert ray_cluster_id(cluster) not in object_store.from_settings().identities()

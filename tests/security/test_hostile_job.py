@@ -151,6 +151,12 @@ def test_a_hostile_job_finds_every_door_into_volt_shut(
         redis_host, redis_port = _host_port(redis, 6379)
         targets = {"redis": (redis_host, redis_port), "redis via ::1": ("::1", redis_port),
                    "web": ("127.0.0.1", volt_web_port)}  # fmt: skip
+        # The checkpoint store's keyless ports (an embedded SeaweedFS's filer, master, volume server): its
+        # S3 API is the jobs' to use, with their cluster's key; these would let a job past every key.
+        for port in django_settings.VOLT_STORE_PRIVATE_PORTS:
+            targets[f"store port {port}"] = ("127.0.0.1", int(port))
+        if os.environ.get("CI"):
+            assert django_settings.VOLT_STORE_PRIVATE_PORTS, "scripts/test starts a store and names its ports"
         sockets = {}
         database = django_settings.DATABASES["default"]
         if "postgresql" in database["ENGINE"]:

@@ -93,10 +93,11 @@ class Command(BaseCommand):
             self._say(f"No checkpoint store ({exc}): checkpoints stay on the clusters' shared storage.")
             return
         values = {"VOLT_STORE_ENDPOINT": self.store.endpoint, "VOLT_STORE_ACCESS_KEY": self.store.access_key,
-                  "VOLT_STORE_SECRET_KEY": self.store.secret_key}  # fmt: skip
+                  "VOLT_STORE_SECRET_KEY": self.store.secret_key,
+                  "VOLT_STORE_PRIVATE_PORTS": ",".join(map(str, self.store.private_ports))}  # fmt: skip
         for name, value in values.items():  # the web server and the workers inherit them
             os.environ[name] = value
-            setattr(settings, name, value)
+            setattr(settings, name, value.split(",") if name == "VOLT_STORE_PRIVATE_PORTS" else value)
         self._say(f"Checkpoints go to an embedded S3 store (SeaweedFS) at {self.store.endpoint}.")
 
     def _say(self, text: str, style=None) -> None:
@@ -129,6 +130,11 @@ class Command(BaseCommand):
         if self.lab:
             self._say(f"Bringing lab {self.lab} up (8 machines apart on this box; about a minute) ...")
             call_command("lab", "up", "--lab", str(self.lab))
+            from inventory.lab import operations as lab_operations
+
+            reached = lab_operations.status(Path(settings.VOLT_LAB_DIR), self.lab).store_endpoint
+            if reached:  # the lab's machines reach the store through its gate: checkpoints go there too
+                os.environ["VOLT_STORE_NODE_ENDPOINT"] = settings.VOLT_STORE_NODE_ENDPOINT = reached
             if not no_seed:  # onboarding and runtime installs are queued: the worker runs them
                 call_command("seed_demo", lab=self.lab)
         elif not no_seed:
