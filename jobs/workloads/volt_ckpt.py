@@ -338,6 +338,7 @@ def _upload(root: str, step: int, name: str, buffer: io.BytesIO, save_id: str) -
     """One rank's shard: written to the staging folder, hashed, uploaded with the save's token. Never raises:
     a shard that fails here leaves its checkpoint without a manifest, and training goes on."""
     local = staging_dir(root) / step_dir_name(step) / f"{name}.{save_id}"
+    _yield_cpu()
     try:
         local.parent.mkdir(parents=True, exist_ok=True)
         data = buffer.getbuffer()
@@ -345,7 +346,7 @@ def _upload(root: str, step: int, name: str, buffer: io.BytesIO, save_id: str) -
         digest = hashlib.sha256(data).hexdigest()
         del data
         buffer.close()
-        store = _store_module().Store.from_env()
+        store = _env_store()
         store.upload_file(local, f"{checkpoint_path(root, step)}/{name}", digest, save=save_id)
     except Exception as error:  # noqa: BLE001 - a failed checkpoint must not stop training
         print(f"volt_ckpt: step {step} {name}: upload failed: {error}", file=sys.stderr, flush=True)
@@ -357,6 +358,14 @@ def _upload(root: str, step: int, name: str, buffer: io.BytesIO, save_id: str) -
             pass
 
 
+def _yield_cpu() -> None:
+    """This thread only (Linux: a thread's own nice value): training's threads come first for the CPU."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+
+
 def _write_manifest(
     root: str, save_id: str, manifest: dict, settled: threading.Event, on_synchronized
 ) -> None:
@@ -366,7 +375,7 @@ def _write_manifest(
     step, started = manifest["step"], time.time()
     folder = checkpoint_path(root, step)
     try:
-        store = _store_module().Store.from_env()
+        store = _env_store()
         found: dict[str, tuple[int, str]] = {}
         deadline, pause = time.monotonic() + UPLOAD_TIMEOUT_S, 0.1
         while True:
@@ -445,7 +454,23 @@ def read_manifest(path: str | os.PathLike, *, store: Any = None) -> dict[str, An
 
 
 def _client(store: Any) -> Any:
-    return store if store is not None else _store_module().Store.from_env()
+    return store if store is not None else _env_store()
+
+
+_env_stores: dict[tuple, Any] = {}
+
+
+def _env_store() -> Any:
+    """The store of this process's environment, one client kept (making a boto3 client loads its service
+    models: a quarter second of CPU that every upload would take from training)."""
+    volt_store = _store_module()
+    key = tuple(os.environ.get(name, "") for name in volt_store.ENV)
+    with _uploads_lock:
+        if key not in _env_stores:
+            store = volt_store.Store.from_env()
+            store.client  # noqa: B018 - made here, under the lock, once
+            _env_stores[key] = store
+        return _env_stores[key]
 
 
 def check_manifest(
