@@ -38,7 +38,6 @@ from voltweb import object_store, realtime
 from voltweb.domain import DomainError
 
 logger = logging.getLogger(__name__)
-MANIFEST_NAME = volt_ckpt.MANIFEST
 
 
 def store_client(cluster) -> volt_store.Store | None:
@@ -229,7 +228,7 @@ def checkpoint_archive(c: Checkpoint) -> Iterator[bytes]:
 def _tar_stream(store, path: str, manifest: dict) -> Iterator[bytes]:
     folder = PurePosixPath(path).name
     body = json.dumps(manifest, indent=1).encode()
-    files = [(MANIFEST_NAME, len(body), None)] + [
+    files = [(volt_ckpt.MANIFEST, len(body), None)] + [
         (entry["file"], int(entry["bytes"]), f"{path}/{entry['file']}") for entry in manifest["shards"]
     ]
     for name, size, url in files:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from jobs import checkpoints
-from jobs.workloads import volt_ckpt
+from jobs.workloads import volt_ckpt, volt_store
 
 
 def _client(job):
@@ -24,8 +24,8 @@ def shard_names(job, path: str) -> list[str]:
 
 def remove_manifest(job, path: str) -> None:
     if volt_ckpt.is_store(path):
-        bucket, key = path[len("s3://") :].split("/", 1)
-        _client(job).client.delete_object(Bucket=bucket, Key=f"{key}/{volt_ckpt.MANIFEST}")
+        bucket, key = volt_store.split(f"{path}/{volt_ckpt.MANIFEST}")
+        _client(job).client.delete_object(Bucket=bucket, Key=key)
     else:
         (Path(path) / volt_ckpt.MANIFEST).unlink()
 
