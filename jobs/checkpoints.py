@@ -141,8 +141,8 @@ RETENTION = "removed by retention"
 
 
 def apply_retention(job: Job, found: list[dict]) -> dict[str, str]:
-    """In the store: remove all but the last VOLT_CHECKPOINT_KEEP synchronized checkpoints of the job (never
-    the one its attempt resumed from), and incomplete ones that can no longer complete: older than the latest
+    """In the store: remove all but the last VOLT_CHECKPOINT_KEEP synchronized checkpoints of the job (while
+    it runs, never the one its attempt resumed from: a user may resume from an older one than the last K), and incomplete ones that can no longer complete: older than the latest
     synchronized one (a run resumes from that and saves only later steps), or, once the job has ended, first
     seen more than VOLT_CHECKPOINT_INCOMPLETE_GRACE_S ago. An incomplete one past the latest synchronized step
     of a live job may be uploading: it stays. {path: why} of those removed; their rows stay (the job's goodput
@@ -170,7 +170,8 @@ def apply_retention(job: Job, found: list[dict]) -> dict[str, str]:
             )
         elif ended and seen_at is not None and seen_at < cutoff:
             doomed[entry["path"]] = f"{RETENTION}: incomplete for more than {grace:g} s ({entry['reason']})"
-    doomed.pop(job.resume_from, None)
+    if not ended:
+        doomed.pop(job.resume_from, None)
     removed = {}
     for path, why in doomed.items():
         try:

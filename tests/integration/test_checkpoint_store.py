@@ -248,7 +248,7 @@ def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_that_
     store.put_bytes(f"{root}/step-00000050/shard-00000-of-00002.pt", b"half of a checkpoint")  # no manifest
     # Left by a failed attempt: older than the latest synchronized step, so no run will ever finish it.
     store.put_bytes(f"{root}/step-00000035/shard-00000-of-00002.pt", b"the rest never came")
-    job.resume_from = f"{root}/step-00000010"  # the attempt resumed from it: kept whatever its age
+    job.resume_from = f"{root}/step-00000010"  # the running attempt resumed from it: kept while it runs
     job.status = "running"
     job.save(update_fields=["resume_from", "status"])
 
@@ -262,7 +262,8 @@ def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_that_
         message="checkpoint retention removed step-00000020, step-00000035 from the store"
     ).exists()
 
-    # Old as it is, a live job's newest incomplete checkpoint stays; once the job has ended, it goes.
+    # Old as it is, a live job's newest incomplete checkpoint stays; once the job has ended, it goes, and the
+    # job keeps exactly its last K: the checkpoint it resumed from is no longer needed.
     job.checkpoints.filter(step=50).update(discovered_at=timezone.now() - timedelta(hours=2))
     assert {c.step: c for c in checkpoints.rescan_checkpoints(job)}[50].reason == "no manifest"
     job.status = "failed"
@@ -270,7 +271,8 @@ def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_that_
     rows = {c.step: c for c in checkpoints.rescan_checkpoints(job)}
     assert rows[50].reason == "removed by retention: incomplete for more than 3600 s (no manifest)"
     assert rows[20].reason.startswith("removed by retention")  # not "no longer in its storage"
-    assert [e["step"] for e in volt_ckpt.scan(root)] == [10, 30, 40]
+    assert rows[10].reason == "removed by retention: the job keeps its last 2 synchronized checkpoints"
+    assert [e["step"] for e in volt_ckpt.scan(root)] == [30, 40]
     assert checkpoints.checkpoint_location(rows[40]) == f"{root}/step-00000040"
 
 

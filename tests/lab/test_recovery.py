@@ -4,12 +4,18 @@ gate (without a store: on the lab's shared folder, VOLT_SSH_SHARED_DIR). A worke
 every process of it ends, its sshd included — then the head's: each time the real watch (Celery beat and
 worker, through Redis) finds the cluster DEGRADED, recovery re-forms it on a spare machine, and the job
 resumes from its last synchronized checkpoint. Its final parameters are bitwise those of an uninterrupted
-run on the same cluster."""
+run on the same cluster.
+
+With the store (issue 27), a worker's machine is also powered off while its shard is on the wire (its path to
+the store slowed with tc inside its own namespace): that checkpoint stays without a manifest, is reported
+incomplete, and the job resumes from the one before; at the end retention has left exactly K."""
 
 from __future__ import annotations
 
 import os
 import random
+import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +28,7 @@ from clusters.provisioning import ray_nodes
 from inventory import runtimes, tunnels
 from inventory import services as inventory
 from inventory.choices import HostState
+from inventory.lab import network
 from inventory.models import Host
 from tests.clusters.live_helpers import start_cluster_ids_at, worker_and_beat
 from tests.integration.test_recovery import last_recovery_id, node_of, wait_job, wait_recovery
@@ -84,6 +91,35 @@ def lab_hosts(lab, northwind, northwind_ib, settings):
     for cluster in Cluster.objects.exclude(status__in=["terminated", "failed"]):
         services.terminate_cluster(cluster, wait=True)
     tunnels.close_all()
+
+
+def slow_store_path(lab, name: str, bits_per_s: int | None) -> None:
+    """Slow (None: restore) what machine `name` sends to the lab's store address, inside its own namespace
+    (whatever its power): an HTB root whose one class, where only the store's traffic goes, has that rate (the
+    rest goes direct, as in the lab's own shaping)."""
+    namespace = network.machine_namespace(lab.number, name)
+    store = lab.status().store_endpoint.split("//", 1)[1].split(":")[0]
+    device = network.MACHINE_DEVICE
+    lines = [f"qdisc del dev {device} root"]
+    if bits_per_s is not None:
+        lines = [
+            f"qdisc replace dev {device} root handle 1: htb",
+            f"class add dev {device} parent 1: classid 1:1 htb rate {bits_per_s}bit ceil {bits_per_s}bit "
+            "burst 70000 cburst 70000",
+            f"filter add dev {device} parent 1: protocol ip prio 1 u32 match ip dst {store}/32 flowid 1:1",
+        ]
+    subprocess.run(["ip", "netns", "exec", namespace, "tc", "-force", "-batch", "-"],
+                   input="\n".join(lines) + "\n", text=True, check=bits_per_s is not None, capture_output=True)  # fmt: skip
+
+
+def wait_for(what: str, predicate, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: not within {timeout_s:g} s")
 
 
 def power_off(lab, node) -> str:
@@ -155,5 +191,80 @@ def test_powering_off_a_worker_then_the_head_recovers_onto_spares_and_the_job_en
                 assert ray_nodes.node_processes(driver, ray_cluster_id(cluster)) == []
             assert lab.ssh(host.name, f"id -u {cluster.node_user} 2>/dev/null; true").strip() == ""
     finally:
+        for name in off:
+            lab.manage("power-on", name, check=False)
+
+
+def test_a_machine_powered_off_mid_upload_leaves_its_checkpoint_incomplete_and_never_resumed_from(
+    lab, lab_hosts, alice, team_a, tmp_path, settings
+):
+    from jobs import checkpoints, onray
+    from jobs import services as jobs
+    from jobs.workloads import volt_ckpt
+
+    assert lab.status().store_endpoint, "this test needs the checkpoint store: run it under scripts/test"
+    settings.VOLT_CHECKPOINT_KEEP = 2
+    cluster = services.request_cluster(
+        team_a, alice, {"name": "lab-upload", "nodes": 3, "gpus_per_node": 1, "gpu_models": ["H100"]}
+    )
+    services.place_cluster(cluster.pk)
+    cluster = provision.provision_cluster(cluster.pk)
+    assert cluster.status == "ready", cluster.failure_message
+    steps, every = 50, 10
+    job = jobs.submit_job(cluster, alice, jobs.demo_entrypoint(steps, every, 0, 1.0),
+                          working_dir=jobs.WORKLOADS_DIR, checkpoint_every=every, is_demo=True)  # fmt: skip
+    root, store = onray.checkpoint_dir(job), checkpoints.store_client(cluster)
+    step_10, step_20 = volt_ckpt.checkpoint_path(root, 10), volt_ckpt.checkpoint_path(root, 20)
+    worker_node = node_of(cluster, head=False)
+    worker = worker_node.host.name
+    off = []
+    try:
+        with worker_and_beat(
+            tmp_path, 2.0, entries=("watch-clusters", "poll-jobs"), also={"retry-recoveries": 2.0}
+        ):
+            wait_for("step 10's manifest", lambda: store.info(f"{step_10}/{volt_ckpt.MANIFEST}"), 300)
+            shard = max(store.listing(step_10)[1].values())
+            # From now on the worker's shard takes about 40 s to reach the store; its next save is step 20's,
+            # 10 s of training later.
+            slow_store_path(lab, worker, max(64_000, shard * 8 // 40))
+
+            def on_the_wire():  # the worker's shard of step 20 in its staging folder, not yet in the store
+                staged = lab.exec(worker, "find", "/tmp", "/var/tmp", "-path", "*/volt-ckpt-*/step-00000020/*",
+                                  "-type", "f").stdout  # fmt: skip
+                names = [line.rsplit("/", 1)[1].rsplit(".", 1)[0] for line in staged.split()]
+                return [n for n in names if store.info(f"{step_20}/{n}") is None]
+
+            try:
+                in_flight = wait_for("the worker's upload of step 20", on_the_wire, 120)
+            except AssertionError as exc:
+                seen = lab.exec(
+                    worker, "sh", "-c", "find /tmp /var/tmp -path '*volt-ckpt*'; tc -s class show dev eth0"
+                )
+                job.refresh_from_db()
+                raise AssertionError(f"{exc}; job at step {job.last_step}; on {worker}: {seen.stdout[-2000:]}; "
+                                     f"in the store: {store.listing(step_20)}") from None  # fmt: skip
+            before = last_recovery_id(cluster)
+            off.append(power_off(lab, worker_node))
+            recovery = wait_recovery(cluster, before, status="succeeded")
+            assert [h["name"] for h in recovery.failed_hosts] == off
+
+            resumed = wait_job(job.pk, lambda j: j.attempt == 2 and j.resume_from, 300, "resumed")
+            assert resumed.resume_from == step_10, resumed.resume_from  # never from step 20
+            row = resumed.checkpoints.get(path=step_20)  # as the recovery's rescan saw it
+            assert not row.synchronized and row.reason == "no manifest", (row.synchronized, row.reason)
+            assert store.info(f"{step_20}/{in_flight[0]}") is None
+
+            job = wait_job(job.pk, lambda j: j.status in ("succeeded", "failed", "stopped"), 400, "the end")
+        assert job.status == "succeeded", (job.status_reason, jobs.read_log(job)["text"][-3000:])
+        assert job.attempt == 2 and job.last_step == steps
+
+        # Retention, once the job has ended: exactly its last K synchronized checkpoints stay in the store.
+        checkpoints.rescan_checkpoints(job)
+        left = volt_ckpt.scan(root, store=store)
+        assert [(e["step"], e["synchronized"]) for e in left] == [(40, True), (50, True)], left
+        assert job.checkpoints.get(path=step_20).synchronized is False  # the new attempt's, then retention's
+        services.terminate_cluster(cluster, alice, wait=True)
+    finally:
+        slow_store_path(lab, worker, None)
         for name in off:
             lab.manage("power-on", name, check=False)
