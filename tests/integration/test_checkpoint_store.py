@@ -11,13 +11,14 @@ import hashlib
 import io
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-from jobs.workloads import volt_ckpt, volt_store
+from jobs.workloads import volt_ckpt, volt_store, volt_upload
 
 
 def thread_gather(world: int):
@@ -103,6 +104,32 @@ def test_ranks_upload_their_shards_and_rank_0_writes_the_manifest_once_all_are_i
     assert volt_ckpt.latest_synchronized(cluster_root)["step"] == 20
 
 
+def test_the_checkpoint_holds_the_state_at_its_save_though_training_changes_it_at_once(
+    cluster_root, monkeypatch
+):
+    gather, real_save = thread_gather(1), torch.save
+
+    def slow_off_the_main_thread(obj, f, *args, **kwargs):  # an upload thread that starts late
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.3)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", slow_off_the_main_thread)
+    weights = torch.zeros(1024 * 1024)  # 4 MB
+    leaf = torch.ones(4, requires_grad=True)
+    # A plain state is copied (the upload thread serializes the copy); one that deepcopy refuses (a non-leaf
+    # tensor) is serialized in place. Either way the update right after the save is not in the checkpoint.
+    for step, state in ((10, {"weights": weights}), (20, {"weights": weights, "activation": leaf * 2})):
+        volt_ckpt.save(cluster_root, step, state, rank=0, world_size=1, gather=gather)
+        weights.add_(1.0)  # the next step, while the upload runs
+    volt_ckpt.wait_uploads(cluster_root)
+    _, (first,) = volt_ckpt.load(volt_ckpt.checkpoint_path(cluster_root, 10))
+    _, (second,) = volt_ckpt.load(volt_ckpt.checkpoint_path(cluster_root, 20))
+    assert torch.equal(first["weights"], torch.zeros(1024 * 1024))
+    assert torch.equal(second["weights"], torch.ones(1024 * 1024))
+    assert torch.equal(second["activation"], torch.full((4,), 2.0))
+
+
 def test_a_shard_that_never_reaches_the_store_leaves_its_checkpoint_without_a_manifest(
     cluster_root, monkeypatch
 ):
@@ -119,7 +146,7 @@ def test_a_shard_that_never_reaches_the_store_leaves_its_checkpoint_without_a_ma
         return real_upload(self, path, url, sha256, **metadata)
 
     monkeypatch.setattr(volt_store.Store, "upload_file", upload)
-    monkeypatch.setattr(volt_ckpt, "UPLOAD_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(volt_upload, "UPLOAD_TIMEOUT_S", 2.0)
 
     def body(rank: int) -> None:
         for step in (10, 20):

@@ -231,7 +231,8 @@ def test_a_machine_powered_off_mid_upload_leaves_its_checkpoint_incomplete_and_n
             def on_the_wire():  # the worker's shard of step 20 in its staging folder, not yet in the store
                 staged = lab.exec(worker, "find", "/tmp", "/var/tmp", "-path", "*/volt-ckpt-*/step-00000020/*",
                                   "-type", "f").stdout  # fmt: skip
-                names = [line.rsplit("/", 1)[1].rsplit(".", 1)[0] for line in staged.split()]
+                files = [line.rsplit("/", 1)[1] for line in staged.split()]  # <shard>.<save token>
+                names = [file.rsplit(".", 1)[0] for file in files if not file.startswith(".")]
                 return [n for n in names if store.info(f"{step_20}/{n}") is None]
 
             try:
