@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from clusters import (
     allocations,
+    checkpoint_store,
     drills,
     hooks,
     locality,
@@ -417,8 +418,9 @@ def reap_stuck_provisioning(older_than_s: int | None = None) -> int:
 
 def reap_cluster_leftovers(limit: int = 5) -> dict:
     """What ended clusters could not undo at their end, tried again: their Unix user (a host that did not
-    answer, a process that would not die), what they left on SSH hosts that were off (_clean_returned_hosts)
-    and their drills' faults and cordons (a worker that died between the final status and their end).
+    answer, a process that would not die), what they left on SSH hosts that were off (_clean_returned_hosts),
+    their key in the checkpoint store (a store that did not answer) and their drills' faults and cordons (a
+    worker that died between the final status and their end).
     `limit` users and clusters per run, least recently tried first (one that keeps failing goes to the
     back). Returns counts."""
     pending = (
@@ -438,6 +440,7 @@ def reap_cluster_leftovers(limit: int = 5) -> dict:
                 cluster, f"Unix user {cluster.node_user} removed (it could not be at the end)", heartbeat=True
             )
     hosts = _clean_returned_hosts(limit)
+    keys = _revoke_store_keys(limit)
     ended = 0
     open_pks = inventory.open_drill_cluster_pks()
     live = set(
@@ -450,7 +453,32 @@ def reap_cluster_leftovers(limit: int = 5) -> dict:
         else:  # deleted: its drills end all the same
             drill_effects.end_drills(cluster_pk, f"cluster #{cluster_pk} deleted")
         ended += 1
-    return {"node_users_removed": users, "hosts_cleaned": hosts, "clusters_drills_ended": ended}
+    return {"node_users_removed": users, "hosts_cleaned": hosts, "store_keys_revoked": keys,
+            "clusters_drills_ended": ended}  # fmt: skip
+
+
+def _revoke_store_keys(limit: int) -> int:
+    """Ended clusters whose checkpoint store key still works (the store did not answer their final teardown):
+    revoke it now, `limit` a run, least recently tried first. Returns how many were revoked."""
+    pending = (
+        Cluster.objects.filter(status__in=TERMINAL)
+        .exclude(store_secret_key_encrypted="")
+        .order_by("updated_at", "pk")[:limit]
+    )
+    revoked = 0
+    for cluster in pending:
+        problems = checkpoint_store.revoke_identity(cluster)
+        if problems:
+            Cluster.objects.filter(pk=cluster.pk).update(updated_at=timezone.now())
+            logger.warning(
+                "cluster %s: its checkpoint store key still works: %s", cluster.pk, "; ".join(problems)
+            )
+        else:
+            revoked += 1
+            transitions.note(
+                cluster, "checkpoint store key revoked (the store did not answer at the end)", heartbeat=True
+            )
+    return revoked
 
 
 def _clean_returned_hosts(limit: int) -> int:

@@ -54,7 +54,7 @@ def reap_stuck_provisioning() -> int:
 
 @volt_task("monitoring", soft_time_limit=240, time_limit=300)
 def reap_cluster_leftovers() -> dict:
-    """Retry what ended clusters left: their Unix user, their drills' faults and cordons."""
+    """Retry what ended clusters left: their Unix user, their store key, their drills' faults and cordons."""
     return services.reap_cluster_leftovers()
 
 

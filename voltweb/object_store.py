@@ -114,6 +114,17 @@ class Store:
             except ClientError as exc:  # another grant made it meanwhile
                 if exc.response.get("Error", {}).get("Code") != "EntityAlreadyExists":
                     raise
+        try:
+            return self._confine_and_key(iam, name, prefix)
+        except BaseException:
+            # Nothing half-made stays: an identity without a working key (its old keys are gone already).
+            try:
+                self.revoke(name)
+            except Exception:  # noqa: BLE001 - the first error is the one to report
+                pass
+            raise
+
+    def _confine_and_key(self, iam, name: str, prefix: str) -> Credentials:
         policy = {
             "Version": "2012-10-17",
             "Statement": [
@@ -134,17 +145,15 @@ class Store:
             self.endpoint, self.region, self.bucket, prefix, key["AccessKeyId"], key["SecretAccessKey"]
         )
         self._drop_keys(iam, name, keep=credentials.access_key)  # one key per identity, even when grants race
-        try:
-            self._wait_effective(credentials)
-        except BaseException:
-            iam.delete_access_key(UserName=name, AccessKeyId=credentials.access_key)
-            raise
+        self._wait_effective(credentials)
         return credentials
 
-    def _wait_effective(self, credentials: Credentials, timeout_s: float = EFFECTIVE_TIMEOUT_S) -> None:
+    def _wait_effective(self, credentials: Credentials, timeout_s: float | None = None) -> None:
         """Until the store takes the new key (a gateway learns identities from its filer a moment later):
         its first use on a node must not fail."""
         from botocore.exceptions import ClientError
+
+        timeout_s = EFFECTIVE_TIMEOUT_S if timeout_s is None else timeout_s
 
         s3 = self.client(access_key=credentials.access_key, secret_key=credentials.secret_key)
         deadline = time.monotonic() + timeout_s

@@ -117,8 +117,8 @@ def test_the_checkpoint_holds_the_state_at_its_save_though_training_changes_it_a
     monkeypatch.setattr(torch, "save", slow_off_the_main_thread)
     weights = torch.zeros(1024 * 1024)  # 4 MB
     leaf = torch.ones(4, requires_grad=True)
-    # A plain state is copied (the upload thread serializes the copy); one that deepcopy refuses (a non-leaf
-    # tensor) is serialized in place. Either way the update right after the save is not in the checkpoint.
+    # However the save takes its copy (serialized in the save, or a deep copy that the upload thread then
+    # serializes late), the update right after the save is not in the checkpoint.
     for step, state in ((10, {"weights": weights}), (20, {"weights": weights, "activation": leaf * 2})):
         volt_ckpt.save(cluster_root, step, state, rank=0, world_size=1, gather=gather)
         weights.add_(1.0)  # the next step, while the upload runs
@@ -255,6 +255,40 @@ def store_job(store_admin, settings, team_a, alice, monkeypatch, tmp_path):
     yield job, root
     checkpoint_store.revoke_identity(cluster)
     assert checkpoint_store.identity_name(cluster) not in store_admin.identities()
+
+
+def test_a_key_the_store_did_not_revoke_at_the_end_is_revoked_by_the_leftovers_reaper(
+    store_job, store_admin, settings
+):
+    from clusters import checkpoint_store
+    from clusters.tasks import reap_cluster_leftovers
+
+    job, root = store_job
+    cluster = job.cluster
+    cluster_store = volt_store.Store.from_env()  # the key the cluster's jobs hold
+    cluster_store.put_bytes(f"{root}/note.txt", b"written while the cluster ran")
+    cluster.status = "terminated"
+    cluster.save(update_fields=["status"])
+
+    settings.VOLT_STORE_ENDPOINT = "http://127.0.0.1:9"  # the store does not answer the final teardown
+    problems = checkpoint_store.revoke_identity(cluster)
+    assert problems and checkpoint_store.identity_name(cluster) in problems[0], problems
+    assert reap_cluster_leftovers.apply().get()["store_keys_revoked"] == 0  # still down: still pending
+    cluster.refresh_from_db()
+    assert cluster.store_secret_key_encrypted, "the secret stays until the store has revoked the key"
+    assert cluster_store.get_bytes(f"{root}/note.txt") == b"written while the cluster ran"  # it still works
+
+    settings.VOLT_STORE_ENDPOINT = store_admin.endpoint  # back
+    assert reap_cluster_leftovers.apply().get()["store_keys_revoked"] == 1
+    cluster.refresh_from_db()
+    assert cluster.store_secret_key_encrypted == "" and cluster.store_access_key  # the key id stays, a record
+    assert checkpoint_store.identity_name(cluster) not in store_admin.identities()
+    with pytest.raises(volt_store.StoreError):
+        cluster_store.get_bytes(f"{root}/note.txt")
+    assert cluster.events.filter(
+        message="checkpoint store key revoked (the store did not answer at the end)"
+    ).exists()
+    assert reap_cluster_leftovers.apply().get()["store_keys_revoked"] == 0  # done: not tried again
 
 
 def test_retention_keeps_the_last_k_synchronized_and_drops_incomplete_ones_that_cannot_complete(

@@ -94,6 +94,30 @@ def test_granting_again_replaces_the_key_and_a_revoked_identity_is_refused(store
     assert store.revoke("volt-t1-c103") is False  # again: nothing to do
 
 
+def test_a_grant_whose_key_the_store_never_takes_leaves_no_identity_behind(store, monkeypatch):
+    real_client = object_store.Store.client
+
+    def client(self, service="s3", access_key=None, secret_key=None):
+        made = real_client(self, service, access_key, secret_key)
+        if access_key:  # the new identity's own client: the store never learns its key
+
+            def refuse(**kwargs):
+                raise ClientError(
+                    {"Error": {"Code": "InvalidAccessKeyId", "Message": "unknown key"}}, "ListObjectsV2"
+                )
+
+            made.meta.events.register("before-call.s3.ListObjectsV2", refuse)
+        return made
+
+    monkeypatch.setattr(object_store.Store, "client", client)
+    monkeypatch.setattr(object_store, "EFFECTIVE_TIMEOUT_S", 1.0)
+    with pytest.raises(
+        object_store.StoreUnavailable, match="did not take a new key in 1 s: .*InvalidAccessKeyId"
+    ):
+        store.grant("volt-test-never", "tests/volt-test-never/")
+    assert "volt-test-never" not in store.identities()  # no user, policy or key left half-made
+
+
 def test_a_wrong_admin_key_or_a_store_that_does_not_answer_is_said_so(store):
     wrong = object_store.Store(store.endpoint, "us-east-1", store.access_key, "not-it", BUCKET)
     with pytest.raises(object_store.StoreUnavailable, match="refused Volt's key .*VOLT_STORE_ACCESS_KEY"):
