@@ -8,7 +8,8 @@ run on the same cluster.
 
 With the store (issue 27), a worker's machine is also powered off while its shard is on the wire (its path to
 the store slowed with tc inside its own namespace): that checkpoint stays without a manifest, is reported
-incomplete, and the job resumes from the one before; at the end retention has left exactly K."""
+incomplete, and the job resumes from the one before; at the end retention has left exactly K, and another
+team's key, used from a lab machine against the store's S3 API, gets "AccessDenied"."""
 
 from __future__ import annotations
 
@@ -91,6 +92,24 @@ def lab_hosts(lab, northwind, northwind_ib, settings):
     for cluster in Cluster.objects.exclude(status__in=["terminated", "failed"]):
         services.terminate_cluster(cluster, wait=True)
     tunnels.close_all()
+
+
+# Run by a lab machine's Python (Volt's runtime, which has boto3): list a checkpoint's prefix and read its
+# manifest with the key given, printing what the store answered to each.
+OTHER_KEY_PROBE = """
+import sys, boto3
+from botocore.exceptions import ClientError
+endpoint, key, secret, bucket, prefix = sys.argv[1:6]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=key,
+                  aws_secret_access_key=secret)
+for call in (lambda: s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/"),
+             lambda: s3.get_object(Bucket=bucket, Key=prefix + "/manifest.json")):
+    try:
+        call()
+        print("allowed")
+    except ClientError as error:
+        print(error.response["Error"]["Code"])
+"""
 
 
 def slow_store_path(lab, name: str, bits_per_s: int | None) -> None:
@@ -200,7 +219,8 @@ def test_a_machine_powered_off_mid_upload_leaves_its_checkpoint_incomplete_and_n
 ):
     from jobs import checkpoints, onray
     from jobs import services as jobs
-    from jobs.workloads import volt_ckpt
+    from jobs.workloads import volt_ckpt, volt_store
+    from voltweb import object_store
 
     assert lab.status().store_endpoint, "this test needs the checkpoint store: run it under scripts/test"
     settings.VOLT_CHECKPOINT_KEEP = 2
@@ -264,6 +284,19 @@ def test_a_machine_powered_off_mid_upload_leaves_its_checkpoint_incomplete_and_n
         left = volt_ckpt.scan(root, store=store)
         assert [(e["step"], e["synchronized"]) for e in left] == [(40, True), (50, True)], left
         assert job.checkpoints.get(path=step_20).synchronized is False  # the new attempt's, then retention's
+
+        # Another team's cluster key, used from a lab machine straight against the store's S3 API: the store
+        # itself refuses it this cluster's checkpoints.
+        admin, other_name = object_store.from_settings(), f"volt-lab-other-{cluster.pk}"
+        other = admin.grant(other_name, f"clusters/{other_name}/")
+        try:
+            bucket, key = volt_store.split(volt_ckpt.checkpoint_path(root, steps))
+            head = node_of(cluster, head=True).host
+            tried = lab.exec(head.name, head.runtime["python"], "-c", OTHER_KEY_PROBE, lab.status().store_endpoint,
+                             other.access_key, other.secret_key, bucket, key)  # fmt: skip
+            assert tried.stdout.split() == ["AccessDenied", "AccessDenied"], (tried.stdout, tried.stderr)
+        finally:
+            admin.revoke(other_name)
         services.terminate_cluster(cluster, alice, wait=True)
     finally:
         slow_store_path(lab, worker, None)
