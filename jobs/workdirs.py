@@ -24,7 +24,7 @@ from voltweb.domain import DomainError
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
 CKPT_MODULE = "volt_ckpt.py"
 # Shipped beside every job's entrypoint: the checkpoint protocol, its events, its store client.
-SHIPPED_MODULES = (CKPT_MODULE, "volt_events.py", "volt_store.py", "volt_upload.py")
+SHIPPED_MODULES = (CKPT_MODULE, "volt_events.py", "volt_store.py")
 MIB = 1024 * 1024
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.workloads import volt_ckpt, volt_store, volt_upload
+from jobs.workloads import volt_ckpt, volt_store
 
 
 def thread_gather(world: int):
@@ -146,7 +146,7 @@ def test_a_shard_that_never_reaches_the_store_leaves_its_checkpoint_without_a_ma
         return real_upload(self, path, url, sha256, **metadata)
 
     monkeypatch.setattr(volt_store.Store, "upload_file", upload)
-    monkeypatch.setattr(volt_upload, "UPLOAD_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(volt_ckpt, "UPLOAD_TIMEOUT_S", 2.0)
 
     def body(rank: int) -> None:
         for step in (10, 20):
