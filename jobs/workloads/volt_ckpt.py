@@ -98,7 +98,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def sha256_file(path: Path) -> str:
+def _sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -109,7 +109,7 @@ def sha256_file(path: Path) -> str:
 # ----------------------------------------------------------------------------------------- save
 
 
-def default_gather(world_size: int) -> Callable[[Any], list[Any]]:
+def _default_gather(world_size: int) -> Callable[[Any], list[Any]]:
     """all_gather_object over the default torch.distributed group (a barrier as well)."""
 
     def gather(obj: Any) -> list[Any]:
@@ -229,7 +229,7 @@ def finish_uploads(
     if not is_store(root):
         return
     _join_upload(str(root), rank)
-    (gather or default_gather(world_size))({"rank": int(rank), "done": True})
+    (gather or _default_gather(world_size))({"rank": int(rank), "done": True})
     if rank == 0:
         _join_watcher(str(root), settle=True)
 
@@ -252,8 +252,8 @@ def _save_to_store(root, step, shard, rank, world_size, meta, gather, on_synchro
     name = shard_file_name(rank, world_size)
     # Rank 0's token names this save on every shard's object: a shard left by an earlier attempt at the
     # same step is never taken for this one's.
-    entries = ranks_in_order(
-        (gather or default_gather(world_size))({"rank": int(rank), "file": name, "save": os.urandom(8).hex()}),
+    entries = _ranks_in_order(
+        (gather or _default_gather(world_size))({"rank": int(rank), "file": name, "save": os.urandom(8).hex()}),
         rank, world_size,
     )  # fmt: skip
     save_id = next(entry["save"] for entry in entries if entry["rank"] == 0)
@@ -289,8 +289,8 @@ def _upload(root: str, step: int, name: str, payload: io.BytesIO, save_id: str) 
         tmp.write_bytes(payload.getbuffer())
         payload.close()
         os.replace(tmp, local)
-        digest = sha256_file(local)
-        store = env_store()
+        digest = _sha256_file(local)
+        store = _env_store()
         store.upload_file(local, f"{checkpoint_path(root, step)}/{name}", digest, save=save_id)
     except Exception as error:  # noqa: BLE001 - a failed checkpoint must not stop training
         print(f"volt_ckpt: step {step} {name}: upload failed: {error}", file=sys.stderr, flush=True)
@@ -320,7 +320,7 @@ def _write_manifest(
     step, started = manifest["step"], time.time()
     folder = checkpoint_path(root, step)
     try:
-        store = env_store()
+        store = _env_store()
         found: dict[str, tuple[int, str]] = {}
         deadline, pause = time.monotonic() + UPLOAD_TIMEOUT_S, 0.1
         while True:
@@ -392,7 +392,7 @@ def save(
     name = shard_file_name(rank, world_size)
     write_atomic(folder / name, data)
     mine = {"rank": int(rank), "file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    entries = ranks_in_order((gather or default_gather(world_size))(mine), rank, world_size)
+    entries = _ranks_in_order((gather or _default_gather(world_size))(mine), rank, world_size)
     if rank != 0:
         return None
     if not _wait_visible(folder, entries):
@@ -410,7 +410,7 @@ def save(
     return manifest
 
 
-def ranks_in_order(entries: list[dict[str, Any]], rank: int, world_size: int) -> list[dict[str, Any]]:
+def _ranks_in_order(entries: list[dict[str, Any]], rank: int, world_size: int) -> list[dict[str, Any]]:
     entries = sorted(entries, key=lambda entry: entry["rank"])
     if rank == 0 and [entry["rank"] for entry in entries] != list(range(world_size)):
         raise CheckpointError(
@@ -462,14 +462,14 @@ def read_manifest(path: str | os.PathLike, *, store: Any = None) -> dict[str, An
 
 
 def _client(store: Any) -> Any:
-    return store if store is not None else env_store()
+    return store if store is not None else _env_store()
 
 
 _env_stores: dict[tuple, Any] = {}
 _env_lock = threading.Lock()
 
 
-def env_store() -> Any:
+def _env_store() -> Any:
     """The store of this process's environment, one client kept (making a boto3 client loads its service
     models: a quarter second of CPU that every upload would take from training)."""
     volt_store = _store_module()
@@ -540,7 +540,7 @@ def verify(
             size = (folder / file).stat().st_size
         except OSError:
             return None
-        return size, sha256_file(folder / file) if checksums and size == expected else ""
+        return size, _sha256_file(folder / file) if checksums and size == expected else ""
 
     return manifest, check_manifest(manifest, name, on_disk)
 
