@@ -36,7 +36,7 @@ import asyncssh
 
 from inventory.drivers.simulator import sysfs_tree
 from inventory.lab.state import ProcessRef, parent_pid, start_time
-from inventory.lab.topology import Machine, Topology
+from inventory.lab.topology import SSH_PORT, Machine, Topology
 
 INVENTORY_DIR = Path(__file__).resolve().parents[1]
 VOLT_DIR = INVENTORY_DIR.parent  # Volt's install, which control machines see at its path
@@ -56,7 +56,6 @@ MOUNTED_OVER = (
     "/mnt",
 )
 TOOLS_ROOT = "/opt/volt-lab"  # VOLT_HOST_ROOT inside a machine
-SSH_PORT = 22
 BOOT_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 # What the simulator imports (all pure Python): copied into every machine.
@@ -287,7 +286,7 @@ def _control_init(
         (root / f"visible-{index}").mkdir(exist_ok=True)
         before += [f"mount --bind {at} {stash}", f"mount -o remount,bind,ro {stash}"]
         after += [f"mkdir -p {at}", f"mount --bind {stash} {at}", f"mount -o remount,bind,ro {at}"]
-    routes = " ".join(f"{m.gate}:{gate_port}={m.address}:{SSH_PORT}" for m in topology.machines)
+    routes = " ".join(f"{m.gate}:{gate_port}={m.ssh_target}" for m in topology.machines)
     volt = shlex.quote(str(VOLT_DIR))
     after += [
         f"(cd {volt} && PYTHONPATH={volt} exec {shlex.quote(python)} -m inventory.lab.gate --netns /proc/self/ns/net \\",

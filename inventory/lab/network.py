@@ -14,6 +14,14 @@ machine, matched on the sender's address, at the rate of the finest level the tw
 router itself (the gates' SSH) is not classified and passes at full speed. Machines cannot change it: the
 router's end is not in their namespace. Unplugging a machine sets the router's end down, as pulling its
 cable at the switch would.
+
+A NAT'd provider (topology.py) gets, in the router namespace, what its own NAT gateway would do, written as
+nftables rules (`nat_ruleset`): its public address on the router's lo; DNAT from that address's forwarded
+ports to each machine's sshd and overlay port (for connections arriving and for the gates' own); SNAT of
+whatever its machines send out of their network; and a forward rule that drops every new connection from
+outside its network to a private address in it. The router stays every provider's gateway: one namespace
+plays each provider's NAT box and the internet between them, and a routed provider's machines stay
+reachable on their private addresses, as before.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from inventory.lab.topology import CONTROL_ADDRESS, Machine, Provider, Topology
+from inventory.lab.topology import CONTROL_ADDRESS, OVERLAY_PORT, SSH_PORT, Machine, Provider, Topology
 
 NETNS_DIR = Path("/run/netns")
 PREFIX = "volt-lab"
@@ -115,6 +123,59 @@ def make_router(lab: int, providers: Sequence[Provider]) -> None:
     # Where control machines reach the control plane's services (the gate's back routes listen there): an
     # address of the router's own loopback (no dummy interfaces in every kernel), routed to like any other.
     _ip(router, "addr", "add", f"{CONTROL_ADDRESS}/32", "dev", "lo")
+    for provider in providers:
+        if provider.nat:
+            _ip(router, "addr", "add", f"{provider.public_address}/32", "dev", "lo")
+
+
+NAT_TABLE = "volt_lab_nat"
+FILTER_TABLE = "volt_lab_filter"
+
+
+def nat_ruleset(topology: Topology) -> str:
+    """The nftables rules of every NAT'd provider's gateway ("" when no provider is NAT'd)."""
+    natted = [p for p in topology.providers if p.nat]
+    if not natted:
+        return ""
+    forwards: list[str] = []
+    for machine in topology.machines:
+        if not machine.public_address:
+            continue
+        forwards.append(
+            f"ip daddr {machine.public_address} tcp dport {machine.public_ssh_port} "
+            f"dnat to {machine.address}:{SSH_PORT}"
+        )
+        if machine.public_udp_port:
+            forwards.append(
+                f"ip daddr {machine.public_address} udp dport {machine.public_udp_port} "
+                f"dnat to {machine.address}:{OVERLAY_PORT}"
+            )
+    snat = [f"ip saddr {p.network} ip daddr != {p.network} snat to {p.public_address}" for p in natted]
+    drop = [f"ip daddr {p.network} ip saddr != {p.network} drop" for p in natted]
+
+    def chain(name: str, hook: str, priority: str, rules: list[str]) -> list[str]:
+        head = f"    type {hook.split()[0]} hook {hook.split()[1]} priority {priority}; policy accept;"
+        return [f"  chain {name} {{", head, *(f"    {rule}" for rule in rules), "  }"]
+
+    lines = [
+        f"table ip {NAT_TABLE} {{",
+        *chain("prerouting", "nat prerouting", "dstnat", forwards),
+        *chain("output", "nat output", "-100", forwards),  # the gate's own connections
+        *chain("postrouting", "nat postrouting", "srcnat", snat),
+        "}",
+        f"table ip {FILTER_TABLE} {{",
+        *chain("forward", "filter forward", "filter", ["ct state established,related accept",
+                                                       "ct status dnat accept", *drop]),
+        "}",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def apply_nat(lab: int, topology: Topology) -> None:
+    """Load `nat_ruleset` into the router namespace (nothing when no provider is NAT'd)."""
+    rules = nat_ruleset(topology)
+    if rules:
+        _run(["ip", "netns", "exec", router_namespace(lab), "nft", "-f", "-"], input_text=rules)
 
 
 def link_machine(lab: int, machine: Machine, provider: Provider) -> None:

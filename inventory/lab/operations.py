@@ -41,6 +41,7 @@ REQUIRED = {
     "su": "login",
     "sudo": "sudo",
     "sshd": "openssh-server",
+    "nft": "nftables",
     "python3": "python3",
 }
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -66,6 +67,7 @@ class MachineStatus:
     plugged: bool
     host_key: str
     pid1: int | None
+    public: str = ""  # a NAT'd provider's forwards: "ssh ADDRESS:PORT, udp ADDRESS:PORT" ("" when routed)
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,10 @@ def _make(
         )
         say(f"  {machine.name}: {machine.address} on {machine.provider}, block {machine.block}, "
             f"{what}, gate {machine.gate}:{gate_port}")  # fmt: skip
+    network.apply_nat(lab, topology)
+    for provider in (p for p in topology.providers if p.nat):
+        udp = "SSH and one UDP port per machine" if provider.forward_udp else "SSH alone (no UDP port)"
+        say(f"{provider.name} is behind NAT at {provider.public_address}: its gateway forwards {udp}")
     network.shape(lab, topology, scale)
     say(f"links shaped to the topology's level rates x {scale:g} (tc on the router's end of each veth)")
     _start_gate(directory, record, topology, services)
@@ -232,6 +238,13 @@ def _make(
     return record
 
 
+def _forwards(machine) -> str:
+    if not machine.public_address:
+        return ""
+    ssh = f"ssh {machine.ssh_target}"
+    return f"{ssh}, udp {machine.udp_endpoint}" if machine.udp_endpoint else f"{ssh}, no udp"
+
+
 def _add_namespace(directory: Path, record: LabState, name: str) -> None:
     record.namespaces.append(name)
     state.write(directory, record)  # named in the state before it exists
@@ -239,7 +252,7 @@ def _add_namespace(directory: Path, record: LabState, name: str) -> None:
 
 
 def _start_gate(directory: Path, record: LabState, topology: Topology, services: dict[str, str]) -> None:
-    routes = {f"{m.gate}:{record.gate_port}": f"{m.address}:{machines.SSH_PORT}" for m in topology.machines}
+    routes = {f"{m.gate}:{record.gate_port}": m.ssh_target for m in topology.machines}
     netns = str(network.NETNS_DIR / network.router_namespace(topology.lab))
     control = tuple(m.address for m in topology.machines if m.role == "control")
     try:
@@ -371,6 +384,7 @@ def status(base: Path, lab: int) -> LabStatus:
                 plugged=entry.plugged,
                 host_key=entry.host_key,
                 pid1=entry.pid1.pid if alive else None,
+                public=_forwards(machine),
             )
         )
     directory = state.lab_dir(base, lab)

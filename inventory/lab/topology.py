@@ -15,11 +15,22 @@ Volt's own processes rather than a provider's host (`lab worker`): it sees Volt'
 at its gate address, as the root namespace does. Machine names are host names: lower-case
 letters, digits and dashes.
 
+A provider may sit behind NAT, as real providers' machines do:
+
+    "providers": {"helios": {"nat": true, "forward_udp": false}}
+
+Its network's gateway then forwards only each machine's SSH port and (unless `forward_udp` is false: the
+relay case) one UDP port, from the provider's public address; nothing outside the network reaches a
+machine's private address, and what a machine sends out leaves from the public address. A provider not
+named there is routed: every machine reaches its private addresses (`inventory/lab/network.py`).
+
 Addresses (all inside the lab's own namespaces): provider p (in order of first appearance, from 1) has the
 network 10.77.p.0/24 with its gateway, the router, at .1; its k-th machine is 10.77.p.(10+k). Gates, the
 only lab addresses in the root namespace, are 127.77.<lab>.<n> for the n-th machine: outside 127.0.0.0/16,
 where local hosts take their 127.0.x.y. Link rates are the emulated fabric's (inventory/fabric_emulation.py):
-the declared figure of the finest level two machines share, times the scale.
+the declared figure of the finest level two machines share, times the scale. A NAT'd provider's public
+address is 10.77.255.p (on the router, outside every provider's network); its k-th machine's SSH is
+forwarded from port 22000+k there, its UDP port (OVERLAY_PORT on the machine) from 51820+k.
 """
 
 from __future__ import annotations
@@ -39,10 +50,16 @@ LAB_NETWORK = ipaddress.ip_network("10.77.0.0/16")
 CONTROL_ADDRESS = "10.77.0.1"
 ROLES = ("gpu", "control")
 GATE_NETWORK = ipaddress.ip_network("127.77.0.0/16")
+PUBLIC_NETWORK = ipaddress.ip_network("10.77.255.0/24")  # NAT'd providers' public addresses, on the router
+PUBLIC_SSH_PORT_BASE = 22000
+PUBLIC_UDP_PORT_BASE = 51820
+OVERLAY_PORT = 51820  # the UDP port a machine's overlay listens on, where a NAT'd provider forwards one
+PROVIDER_OPTIONS = ("nat", "forward_udp")
 FIRST_MACHINE_OCTET = 10
 MAX_PROVIDERS = 250
 MAX_MACHINES_PER_PROVIDER = 240
 MAX_MACHINES = 250  # one gate address per machine: 127.77.<lab>.1-250
+SSH_PORT = 22
 FABRIC_KINDS = ("ib_ndr", "ib_hdr", "roce", "eth_100g", "eth_25g", "eth_10g")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
@@ -98,6 +115,27 @@ class Machine:
     oversubscription: float
     backbone_gbps: float
     role: str = "gpu"  # or "control": runs Volt's own processes (see the module's docstring)
+    public_address: str = ""  # its NAT'd provider's public address ("" when routed)
+    public_ssh_port: int = 0  # where that address forwards to its sshd
+    public_udp_port: int = 0  # where it forwards to its OVERLAY_PORT (0: none)
+
+    @property
+    def ssh_endpoint(self) -> tuple[str, int]:
+        """Where a machine outside its network opens its SSH: the forwarded port, or its own address."""
+        if self.public_address:
+            return self.public_address, self.public_ssh_port
+        return self.address, SSH_PORT
+
+    @property
+    def ssh_target(self) -> str:
+        return "{}:{}".format(*self.ssh_endpoint)
+
+    @property
+    def udp_endpoint(self) -> str:
+        """ "ADDRESS:PORT" where a machine outside its network reaches its OVERLAY_PORT ("" when none is)."""
+        if not self.public_address:
+            return f"{self.address}:{OVERLAY_PORT}"
+        return f"{self.public_address}:{self.public_udp_port}" if self.public_udp_port else ""
 
     @property
     def link_end(self) -> LinkEnd:
@@ -118,6 +156,9 @@ class Provider:
     ordinal: int
     network: str  # "10.77.p.0/24"
     gateway: str  # "10.77.p.1"
+    nat: bool = False  # behind NAT: only SSH and (forward_udp) one UDP port per machine are forwarded
+    forward_udp: bool = False
+    public_address: str = ""  # 10.77.255.p when NAT'd
 
 
 @dataclass(frozen=True)
@@ -208,6 +249,7 @@ def build(lab: int, declared: dict, default_nics: Callable[[str, int, str], list
     if not 1 <= lab <= 254:
         raise TopologyError(f"lab numbers run from 1 to 254, not {lab}")
     sites, fabrics = _dict(declared, "sites"), _dict(declared, "fabrics")
+    options = _provider_options(declared)
     entries = declared.get("machines")
     if not isinstance(entries, list) or not entries:
         raise TopologyError("the topology declares no machines")
@@ -224,7 +266,13 @@ def build(lab: int, declared: dict, default_nics: Callable[[str, int, str], list
                 raise TopologyError(f"a lab has at most {MAX_PROVIDERS} providers")
             p = len(providers) + 1
             net = ipaddress.ip_network(f"{LAB_NETWORK.network_address + (p << 8)}/24")
-            providers[provider] = Provider(provider, p, str(net), str(net.network_address + 1))
+            nat = options.get(provider, {}).get("nat", False)
+            providers[provider] = Provider(
+                provider, p, str(net), str(net.network_address + 1),
+                nat=nat,
+                forward_udp=nat and options[provider].get("forward_udp", True),
+                public_address=str(PUBLIC_NETWORK.network_address + p) if nat else "",
+            )  # fmt: skip
         per_provider[provider] = k = per_provider.get(provider, 0) + 1
         if k > MAX_MACHINES_PER_PROVIDER:
             raise TopologyError(f"provider {provider} has more than {MAX_MACHINES_PER_PROVIDER} machines")
@@ -263,8 +311,14 @@ def build(lab: int, declared: dict, default_nics: Callable[[str, int, str], list
                 oversubscription=_positive(fabric, "oversubscription", fabric_name, 1.0),
                 backbone_gbps=_positive(site, "backbone_gbytes_per_s", str(fabric["site"]), 12.5),
                 role=role,
+                public_address=providers[provider].public_address,
+                public_ssh_port=PUBLIC_SSH_PORT_BASE + k if providers[provider].nat else 0,
+                public_udp_port=PUBLIC_UDP_PORT_BASE + k if providers[provider].forward_udp else 0,
             )
         )
+    unknown = sorted(set(options) - set(providers))
+    if unknown:
+        raise TopologyError(f"providers {', '.join(unknown)} are configured but no machine is theirs")
     names = [m.name for m in machines]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -277,6 +331,22 @@ def _dict(declared: dict, key: str) -> dict:
     if not isinstance(value, dict):
         raise TopologyError(f"the topology's {key} is an object keyed by name")
     return value
+
+
+def _provider_options(declared: dict) -> dict[str, dict]:
+    """The topology's "providers" object: per provider, whether it is NAT'd and forwards a UDP port."""
+    options = _dict(declared, "providers")
+    for name, entry in options.items():
+        if not isinstance(entry, dict) or set(entry) - set(PROVIDER_OPTIONS):
+            raise TopologyError(
+                f"provider {name}: its options are an object with {' and '.join(PROVIDER_OPTIONS)}, not {entry!r}"
+            )
+        for key, value in entry.items():
+            if not isinstance(value, bool):
+                raise TopologyError(f"provider {name}: {key} is true or false, not {value!r}")
+        if entry.get("forward_udp") is not None and not entry.get("nat", False):
+            raise TopologyError(f"provider {name}: forward_udp applies to a NAT'd provider (set nat: true)")
+    return options
 
 
 def _name(entry: object, key: str) -> str:

@@ -6,6 +6,7 @@ import ipaddress
 
 import pytest
 
+from inventory.lab import network
 from inventory.lab.topology import TopologyError, as_json, build, default_topology, from_json
 
 
@@ -69,6 +70,10 @@ def test_each_machine_gets_its_declared_gpus_and_its_fabrics_nics():
         (lambda t: t["fabrics"]["iad1-ndr"].update(kind="token-ring"), "kind 'token-ring' is not one of"),
         (lambda t: t["machines"].clear(), "declares no machines"),
         (lambda t: t["machines"][0].update(role="router"), "role 'router' is not one of gpu, control"),
+        (lambda t: t.update(providers={"northwind": {"nat": "yes"}}), "nat is true or false, not 'yes'"),
+        (lambda t: t.update(providers={"northwind": {"nat": True, "udp": 1}}), "an object with nat and"),
+        (lambda t: t.update(providers={"northwind": {"forward_udp": True}}), "applies to a NAT'd provider"),
+        (lambda t: t.update(providers={"acme": {"nat": True}}), "providers acme are configured but no"),
     ],
 )
 def test_a_topology_the_lab_cannot_build_is_refused_saying_what_to_change(change, message):
@@ -87,3 +92,30 @@ def test_a_machine_is_a_providers_host_unless_declared_a_control_machine():
 
     assert [m.role for m in lab.machines] == ["gpu", "control"]
     assert from_json(as_json(lab)).machines[1].role == "control"
+
+
+def test_a_natted_provider_forwards_ssh_and_one_udp_port_per_machine_from_its_public_address():
+    declared = default_topology(8, providers=2)
+    declared["providers"] = {"northwind": {"nat": True}, "helios": {"nat": True, "forward_udp": False}}
+
+    lab = build(4, declared)
+    nw2, he1 = lab.machine("nw-02"), lab.machine("he-01")
+
+    assert lab.provider("northwind").public_address == "10.77.255.1"
+    assert nw2.ssh_endpoint == ("10.77.255.1", 22002) and nw2.udp_endpoint == "10.77.255.1:51822"
+    assert he1.ssh_endpoint == ("10.77.255.2", 22001) and he1.udp_endpoint == ""  # the relay case
+    assert from_json(as_json(lab)).machine("nw-02").udp_endpoint == "10.77.255.1:51822"
+    rules = network.nat_ruleset(lab)
+    assert "ip daddr 10.77.255.1 tcp dport 22002 dnat to 10.77.1.12:22" in rules
+    assert "ip daddr 10.77.255.1 udp dport 51822 dnat to 10.77.1.12:51820" in rules
+    assert "udp dport 51821 dnat to 10.77.2.11" not in rules
+    assert "ip saddr 10.77.2.0/24 ip daddr != 10.77.2.0/24 snat to 10.77.255.2" in rules
+    assert "ip daddr 10.77.1.0/24 ip saddr != 10.77.1.0/24 drop" in rules
+
+
+def test_a_routed_provider_is_reached_on_its_private_addresses_and_needs_no_rules():
+    lab = build(4, default_topology(8, providers=2))
+
+    assert lab.machine("he-01").ssh_endpoint == ("10.77.2.11", 22)
+    assert lab.machine("he-01").udp_endpoint == "10.77.2.11:51820"
+    assert network.nat_ruleset(lab) == ""

@@ -123,10 +123,10 @@ class Command(BaseCommand):
         )
         if status.store_endpoint:
             self._say(f"the checkpoint store, as every machine reaches it: {status.store_endpoint}")
-        rows = [("MACHINE", "PROVIDER", "BLOCK", "GPUS", "ADDRESS", "GATE", "POWER", "CABLE")]
+        rows = [("MACHINE", "PROVIDER", "BLOCK", "GPUS", "ADDRESS", "GATE", "POWER", "CABLE", "BEHIND NAT")]
         for m in status.machines:
             cable = "plugged" if m.plugged else "unplugged"
-            rows.append((m.name, m.provider, m.block, m.gpus, m.address, m.gate, m.power, cable))
+            rows.append((m.name, m.provider, m.block, m.gpus, m.address, m.gate, m.power, cable, m.public))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             self._say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
