@@ -146,6 +146,16 @@ class Cluster(models.Model):
     storage_path = models.CharField(
         max_length=300, blank=True, help_text="Shared storage path on every host."
     )
+    network_path = models.CharField(
+        max_length=10, blank=True,
+        help_text="How its nodes reach each other: direct, overlay (WireGuard) or relay (some pairs through a "
+        "node that forwards); empty until its nodes are up (clusters/provisioning/cluster_overlay.py).",
+    )  # fmt: skip
+    overlay_network = models.CharField(
+        max_length=20,
+        blank=True,
+        help_text="Its overlay's own range (100.96.0.0/12, a /24 per live cluster).",
+    )
     provision_attempts = models.PositiveIntegerField(default=0)
     provisioning_started_at = models.DateTimeField(null=True, blank=True)
     probe_result = models.JSONField(null=True, blank=True, help_text="All-reduce probe, nccl-tests style.")
@@ -176,6 +186,14 @@ class Cluster(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["status", "-priority", "queued_at"], name="cluster_queue_idx")]
+        constraints = [
+            # One live cluster per overlay range: two clusters allocating at once cannot take the same one.
+            models.UniqueConstraint(
+                fields=["overlay_network"],
+                condition=~models.Q(overlay_network="") & ~models.Q(status__in=["terminated", "failed"]),
+                name="cluster_overlay_network_live_unique",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
@@ -223,6 +241,18 @@ class ClusterNode(models.Model):
         "the reaper tries again.",
     )
 
+    overlay_address = models.GenericIPAddressField(
+        protocol="IPv4",
+        null=True,
+        blank=True,
+        help_text="Its address on the cluster's overlay, when it has one.",
+    )
+    overlay_port = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Its overlay interface's UDP port on the host: 51820 (the one a provider forwards) for the "
+        "host's first overlay, the next free one for others.",
+    )  # fmt: skip
+
     objects = ClusterNodeQuerySet.as_manager()
 
     class Meta:
@@ -237,6 +267,12 @@ class ClusterNode(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/rank{self.rank} on {self.host_id}"
+
+    @property
+    def node_ip(self) -> str:
+        """The address its Ray node, the probe and the job's collectives bind and advertise: on the cluster's
+        overlay when it has one, else the host's own (Host.node_ip)."""
+        return self.overlay_address or self.host.node_ip
 
 
 class Allocation(models.Model):

@@ -223,7 +223,7 @@ def _wait_failed_nodes_dead(cluster: Cluster) -> None:
 
     A node whose raylet was killed stays ALIVE in the head's list until Ray's health checks give up on
     it (5 x VOLT_RAY_HEALTH_CHECK_PERIOD_MS); a resumed job would be placed on it meanwhile."""
-    expected = {n.host.node_ip for n in provision.active_nodes(cluster)}
+    expected = {n.node_ip for n in provision.active_nodes(cluster)}
     token = ray_head.token_for(cluster)
     deadline = time.monotonic() + settings.VOLT_NODE_JOIN_TIMEOUT_S
     alive: set[str] = set()

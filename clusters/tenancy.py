@@ -119,7 +119,7 @@ def dashboard_target(nodes: list[ClusterNode]) -> str | None:
     head = next((n for n in nodes if n.is_head and n.slot is not None), None)
     if head is None:
         return None
-    ip = head.host.node_ip
+    ip = head.node_ip
     return f"{f'[{ip}]' if ':' in ip else ip}:{ray_nodes.ports_for(head.slot).dashboard}"
 
 

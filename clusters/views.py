@@ -216,7 +216,7 @@ def _probe_hosts(cluster) -> list[dict]:
     if not result.get("hosts"):
         return []
     # Every node it ever had: a terminated cluster's nodes are all released, its probe still names them.
-    names = {node.host.node_ip: node.host.name for node in cluster.nodes.select_related("host")}
+    names = {node.node_ip: node.host.name for node in cluster.nodes.select_related("host")}
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     return [
         {

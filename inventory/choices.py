@@ -93,3 +93,4 @@ class HostEventKind(models.TextChoices):
     ERROR = "error", "Error"
     HEALTH = "health", "Health check"
     RUNTIME = "runtime", "Runtime"
+    REACH = "reach", "Reachability"

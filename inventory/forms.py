@@ -8,6 +8,7 @@ from inventory.choices import DriverKind, FabricKind
 from inventory.drivers import faults as fault_table
 from inventory.gpu_catalog import BY_MODEL
 from inventory.models import Block, Provider, Site
+from inventory.validation import validate_udp_endpoint
 
 # Options read as the fault's name; the page shows the chosen one's description (its title) below.
 FAULT_CHOICES = [("", "None: healthy host")] + [(f.name, f.label) for f in fault_table.CATALOG]
@@ -100,6 +101,14 @@ class HostForm(forms.Form):
         required=False,
         label="Private address (SSH)",
         help_text="Where your other hosts reach this one, if not at the SSH address (a gateway, NAT).",
+    )
+    overlay_endpoint = forms.CharField(
+        required=False,
+        max_length=270,
+        validators=[validate_udp_endpoint],
+        label="Forwarded UDP port (SSH)",
+        help_text="Behind NAT: the public ADDRESS:PORT forwarded to this host's UDP port 51820, for clusters "
+        "that span networks (WireGuard). Blank: none.",
     )
 
     def __init__(self, *args, provider: Provider, local: bool = True, **kwargs):

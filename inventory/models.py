@@ -139,6 +139,11 @@ class Host(models.Model):
         help_text="The address the provider's other hosts reach this one at (Ray, the probe, collectives), when "
         "it is not the address Volt connects to over SSH (a gateway, NAT). Blank: the same address.",
     )  # fmt: skip
+    overlay_endpoint = models.CharField(
+        max_length=270, blank=True,
+        help_text="SSH hosts behind NAT: the public ADDRESS:PORT the provider forwards to this host's UDP port "
+        "51820, where a cluster's WireGuard overlay reaches it from other networks. Blank: none is forwarded.",
+    )  # fmt: skip
     ssh_user = models.CharField(max_length=64, blank=True)
     ssh_private_key_encrypted = models.TextField(blank=True, help_text="Fernet-encrypted OpenSSH key.")
     ssh_host_key = models.TextField(blank=True, help_text="Pinned public host key line.")
@@ -253,6 +258,25 @@ class Host(models.Model):
     def node_ip(self) -> str:
         """The address a Ray node, the probe and a job's collectives bind and advertise on this host."""
         return self.private_address or self.address
+
+
+class HostReach(models.Model):
+    """A check that `peer` opened a TCP connection to `host` at `address` (its node address), made from the
+    peer itself (inventory/reachability.py): who reaches whom directly is recorded, not assumed."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="reached_by")
+    peer = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="reaches")
+    address = models.CharField(max_length=255)
+    ok = models.BooleanField()
+    detail = models.CharField(max_length=300, blank=True, help_text="What the peer saw when it failed.")
+    checked_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["host_id", "peer_id"]
+        constraints = [models.UniqueConstraint(fields=["host", "peer"], name="host_reach_unique_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.peer_id} -> {self.host_id} at {self.address}: {'ok' if self.ok else 'no'}"
 
 
 class GPU(models.Model):

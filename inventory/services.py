@@ -123,6 +123,7 @@ class HostRequest:
     ssh_private_key: str = field(default="", repr=False)  # never in a log line or an error report
     ssh_host_key: str = ""
     private_address: str | None = None
+    overlay_endpoint: str = ""
     local_spec: dict | None = None
     local_faults: dict | None = None
 
@@ -181,6 +182,7 @@ def add_host(
                 private_address=(request.private_address or None)
                 if request.driver == DriverKind.SSH
                 else None,
+                overlay_endpoint=request.overlay_endpoint if request.driver == DriverKind.SSH else "",
                 local_spec=_local_spec(request),
                 price_per_gpu_hour=request.price_per_gpu_hour,
                 onboarding_started_at=timezone.now(),
@@ -382,6 +384,7 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     transitions.transition_host(host, HostState.AVAILABLE, reason=summary, extra=extra)
     if host.driver == DriverKind.SSH:  # the host joins the offers once its runtime is ready
         enqueue_on_commit("inventory.tasks.install_runtime_task", host.pk)
+        enqueue_on_commit("inventory.tasks.check_reachability_task", host.pk)
     refresh_free_capacity([host.pk, *moved_from])
     capacity_changed()
     if host.driver == DriverKind.LOCAL:

@@ -1,6 +1,7 @@
 """Thin Celery tasks for the inventory: load by id, call a service."""
 
-from inventory import health, runtimes, services
+from inventory import health, reachability, runtimes, services
+from inventory.models import Host
 from voltweb.taskutils import volt_task
 
 
@@ -32,3 +33,16 @@ def install_runtime_task(host_id: int) -> str:
 def refresh_runtimes() -> int:
     """Bring idle SSH hosts' runtimes up to Volt's current pins (busy ones after their cluster ends)."""
     return runtimes.refresh_runtimes()
+
+
+@volt_task("provisioning", soft_time_limit=100, time_limit=120)
+def check_reachability_task(host_id: int) -> int:
+    """Record which peers of its provider reach a new SSH host directly (inventory/reachability.py)."""
+    host = Host.objects.filter(pk=host_id).first()
+    return len(reachability.check(host)) if host is not None else 0
+
+
+@volt_task("monitoring", soft_time_limit=200, time_limit=240)
+def recheck_reachability() -> int:
+    """Check again the SSH hosts whose reachability is the stalest (VOLT_REACHABILITY_RECHECK_S)."""
+    return reachability.recheck()

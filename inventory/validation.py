@@ -104,6 +104,26 @@ def validate_address(value: str) -> None:
         )
 
 
+def validate_udp_endpoint(value: str) -> None:
+    """ "ADDRESS:PORT" of a forwarded UDP port (IPv4 address or host name; port 1-65535), or blank."""
+    text = value or ""
+    if not text:
+        return
+    address, _, port = text.rpartition(":")
+    problem = not address or not port.isdigit() or not 0 < int(port) < 65536
+    if not problem:
+        try:
+            validate_address(address)
+        except ValidationError:
+            problem = True
+    if problem or ":" in address:
+        raise ValidationError(
+            "Give the public address and UDP port your provider forwards to this host's overlay port "
+            "(51820), e.g. 203.0.113.7:51821; leave it blank when none is forwarded.",
+            code="invalid_endpoint",
+        )
+
+
 def validate_ssh_user(value: str) -> None:
     if value and not _SSH_USER.fullmatch(value):
         raise ValidationError(

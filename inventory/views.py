@@ -355,6 +355,7 @@ def _host_request(form: HostForm) -> services.HostRequest:
         ssh_private_key=data.get("ssh_private_key") or "",
         ssh_host_key=data.get("ssh_host_key") or "",
         private_address=data.get("private_address") or None,
+        overlay_endpoint=data.get("overlay_endpoint") or "",
         local_spec=spec,
         local_faults=faults,
     )

@@ -18,6 +18,11 @@ SCHEDULE = {
         "schedule": 300.0,
         "options": {"queue": "monitoring"},
     },
+    "recheck-reachability": {  # who reaches whom directly, older than VOLT_REACHABILITY_RECHECK_S
+        "task": "inventory.tasks.recheck_reachability",
+        "schedule": 300.0,
+        "options": {"queue": "monitoring"},
+    },
     "host-health-sweep": {
         "task": "inventory.tasks.health_sweep",
         "schedule": 120.0,

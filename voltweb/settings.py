@@ -279,6 +279,10 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Volt behaviour ----------------------------------------------------------------------------
+# How often Volt checks again which peers reach an SSH host directly (inventory/reachability.py).
+VOLT_REACHABILITY_RECHECK_S = env_float(
+    "VOLT_REACHABILITY_RECHECK_S", 3600.0, minimum=60.0, maximum=7 * 86400.0
+)
 VOLT_DRIVER_TIMEOUT_S = env_float("VOLT_DRIVER_TIMEOUT_S", 20.0, minimum=1.0, maximum=600.0)
 # An SSH host's connection (TCP, banner, key exchange, authentication) is given this long, whatever the
 # command timeout: a port that accepts and never answers is not worth the driver's whole timeout.

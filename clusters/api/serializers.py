@@ -148,10 +148,15 @@ class ClusterNodeSerializer(serializers.ModelSerializer):
     host = serializers.CharField(source="host.name")
     site = serializers.CharField(source="host.site.name")
     block = serializers.CharField(source="host.block.name")
+    address = serializers.CharField(
+        source="node_ip",
+        read_only=True,
+        help_text="Where its Ray node listens: on the cluster's overlay if any.",
+    )
 
     class Meta:
         model = ClusterNode
-        fields = ["rank", "host", "site", "block", "is_head", "stage", "gpu_indices"]
+        fields = ["rank", "host", "site", "block", "is_head", "stage", "gpu_indices", "address"]
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -178,6 +183,7 @@ class ClusterSerializer(serializers.ModelSerializer):
             "ended_at", "ends_at", "time_left_s",  # a requested duration (clusters/durations.py)
             "bandwidth_alert", "last_probe_at", "probe_interval_min",  # telemetry (clusters/telemetry/bandwidth_watch.py)
             "recovery_policy", "recovery",  # clusters/recovery.py
+            "network_path", "overlay_network",  # clusters/provisioning/cluster_overlay.py
         ]  # fmt: skip
         read_only_fields = fields
 

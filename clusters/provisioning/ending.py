@@ -11,7 +11,7 @@ from django.utils import timezone
 from clusters import allocations, checkpoint_store, drills, tenancy, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
-from clusters.provisioning import ray_nodes
+from clusters.provisioning import cluster_overlay, ray_nodes
 from clusters.tenancy import ray_cluster_id
 from inventory.choices import DriverKind
 from inventory.drivers.base import DriverError, fan_out
@@ -89,6 +89,7 @@ def _stop_on_host(
     driver, cluster: Cluster, remove_workdir: bool, user_nodes: list[ClusterNode] | None = None
 ) -> list[int]:
     left = ray_nodes.stop_node(driver, ray_cluster_id(cluster))
+    cluster_overlay.tear_down(cluster, driver)  # its interface, key and config (nothing without an overlay)
     if cluster.ssh_public_key:  # every line of the key, whatever its options (the head it forwarded to moved)
         result = driver.run(tenancy.authorized_keys_script(cluster.ssh_public_key), timeout=40)
         if not result.ok:

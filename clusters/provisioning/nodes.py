@@ -19,7 +19,7 @@ from django.utils import timezone
 from clusters import tenancy, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
-from clusters.provisioning import ray_nodes
+from clusters.provisioning import cluster_overlay, ray_nodes
 from clusters.tenancy import (
     ensure_keys,
     ray_auth_token,
@@ -72,6 +72,11 @@ def bring_up(cluster: Cluster) -> None:
     try:
         run_as = _node_user(cluster, nodes, drivers)
         users = {id(d): tenancy.node_user_on(cluster, n.host) for n, d in zip(nodes, drivers, strict=True)}
+        try:  # first: the head's dashboard (the cluster key's one forward) may be on the overlay
+            cluster_overlay.set_up(cluster, nodes, drivers)
+        except cluster_overlay.OverlayHostsFailed as exc:
+            raise HostsFailed(list(exc.failed), str(exc)) from exc
+        still_wanted(cluster)
         dashboard = tenancy.dashboard_target(nodes)
         prepared = fan_out(
             drivers, lambda d: prepare_host(d, cluster, users[id(d)] if run_as else None, dashboard)
@@ -159,11 +164,12 @@ def _start(
         "python": python_for(node.host),
         "env": {
             **node_env(node.host),
+            **cluster_overlay.node_env(cluster),
             **_join_patience(head_address),
             **_health_checks(head_address),
         },
         "auth_token": ray_auth_token(cluster),
-        "node_ip": node.host.node_ip,
+        "node_ip": node.node_ip,
         "run_as": run_as,
         "open_workdir": not local,
         "hidden_paths": tenancy.volt_socket_dirs() if local and run_as else (),
@@ -183,7 +189,7 @@ def _start(
 def _wait_alive(
     cluster: Cluster, nodes: list[ClusterNode], head: ray_nodes.NodeHandle, head_host: Host
 ) -> None:
-    ips = {node.host.node_ip: node for node in nodes}
+    ips = {node.node_ip: node for node in nodes}
     try:
         dashboard = tunnels.http_url(head_host, head.dashboard_url)
     except DriverError as exc:

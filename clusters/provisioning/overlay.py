@@ -131,13 +131,23 @@ def choose_relay(members: Sequence[Member]) -> str:
     )
 
 
-def plan(members: Sequence[Member], public_keys: Mapping[str, str], network: str) -> Plan:
-    """Every node's address, port and peers (members in order: addresses follow it, from .1)."""
-    net = ipaddress.ip_network(network)
-    if len(members) > net.num_addresses - 2:
-        raise OverlayFailed(f"{len(members)} nodes do not fit in {network}")
+def plan(
+    members: Sequence[Member],
+    public_keys: Mapping[str, str],
+    network: str,
+    kept: Mapping[str, str] | None = None,
+) -> Plan:
+    """Every node's address, port and peers. `kept`: addresses nodes already have (a survivor's Ray is bound
+    to its own); the others take the lowest free ones, from .1."""
     _check_keys(public_keys, members)
-    address = {m.name: str(net.network_address + i) for i, m in enumerate(members, start=1)}
+    net = ipaddress.ip_network(network)
+    address = {name: ip for name, ip in (kept or {}).items() if name in {m.name for m in members}}
+    free = (str(ip) for ip in net.hosts() if str(ip) not in set(address.values()))
+    for member in members:
+        if member.name not in address:
+            address[member.name] = next(free, "")
+            if not address[member.name]:
+                raise OverlayFailed(f"{len(members)} nodes do not fit in {network}")
     relay = choose_relay(members)
     paths = {
         tuple(sorted((a.name, b.name))): pair_path(a, b)

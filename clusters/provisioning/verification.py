@@ -48,7 +48,7 @@ def run_probe(cluster: Cluster, nodes: list[ClusterNode]) -> launch.ProbeRun:
         _PROBE_WARMUP,
         settings.VOLT_PROBE_MAX_MB * allreduce.MB,
     )
-    ordered = sorted(nodes, key=lambda node: (not node.is_head, node.host.node_ip))
+    ordered = sorted(nodes, key=lambda node: (not node.is_head, node.node_ip))
     drivers = []
     try:
         drivers = [tenancy.node_driver(node.host) for node in ordered]
@@ -98,7 +98,7 @@ def _probe_host(cluster: Cluster, node: ClusterNode, driver) -> launch.ProbeHost
         python,
         tenancy.volt_socket_dirs() if run_as and local else (),
     )
-    return launch.ProbeHost(driver, node.host.node_ip, python, prefix)
+    return launch.ProbeHost(driver, node.node_ip, python, prefix)
 
 
 def probe_lock_key(cluster_id: int) -> str:
@@ -133,7 +133,7 @@ def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
         result["fabric_scale"] = inventory.bandwidth_scale(DriverKind.LOCAL)
     message = _probe_summary(cluster, result)
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
-    node = next((n for n in nodes if slow and n.host.node_ip == slow["node_ip"]), None)
+    node = next((n for n in nodes if slow and n.node_ip == slow["node_ip"]), None)
     if node is not None:
         message += (
             f"; {node.host.name} is the slowest host: {slow['what']} {format_gbps(slow['gbps'], 2)} GB/s, "
@@ -272,6 +272,6 @@ def _host_fault(nodes: list[ClusterNode], result: dict) -> str:
             return f"{node.host.name} carries {', '.join(link)} (a host's fault, not the domain's figure)"
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     if slow is not None:
-        name = next((n.host.name for n in nodes if n.host.node_ip == slow["node_ip"]), slow["node_ip"])
+        name = next((n.host.name for n in nodes if n.node_ip == slow["node_ip"]), slow["node_ip"])
         return f"the per-host tests blame {name} ({slow['what']} {format_gbps(slow['gbps'], 2)} GB/s)"
     return ""

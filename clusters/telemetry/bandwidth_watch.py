@@ -118,7 +118,7 @@ def _probe(cluster: Cluster) -> dict | None:
         return None
     measured = result.get("max_busbw_gbps") or 0.0
     metrics.record_busbw(cluster, measured, MetricSource.PROBE)
-    alert = alert_for(cluster, result, {n.host.node_ip: n.host.name for n in nodes})
+    alert = alert_for(cluster, result, {n.node_ip: n.host.name for n in nodes})
     summary = (
         f"probe: max busbw {format_gbps(measured, 2)} GB/s over {result['nodes']} ranks ({result['backend']})"
     )

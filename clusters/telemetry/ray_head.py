@@ -30,7 +30,7 @@ def dashboard_for(cluster) -> str:
     nodes = sorted(
         cluster.nodes.select_related("host"), key=lambda n: (n.released_at is not None, not n.is_head)
     )
-    host = next((n.host for n in nodes if n.host.node_ip == address), None)
+    host = next((n.host for n in nodes if n.node_ip == address), None)
     if host is None:
         return url  # the head's node record is gone: try the recorded address (it fails as unreachable)
     try:

@@ -85,9 +85,9 @@ def _sweep(cluster: Cluster) -> Cluster:
             readings[node.pk],
             is_head=node.is_head,
             head_error=head_error,
-            head_state=head_states.get(node.host.node_ip),
+            head_state=head_states.get(node.node_ip),
             limits=limits,
-            link=blamed.get(node.host.node_ip, ""),
+            link=blamed.get(node.node_ip, ""),
         )
         for node in nodes
     }
@@ -231,7 +231,7 @@ def node_health_payload(node: ClusterNode, row: NodeHealth | None) -> dict:
     return {
         "node": node.pk,
         "host": node.host.name,
-        "address": node.host.node_ip,
+        "address": node.node_ip,
         "rank": node.rank,
         "is_head": node.is_head,
         "verdict": row.verdict if row else None,
@@ -247,7 +247,7 @@ def _announce(cluster: Cluster, nodes: list[ClusterNode], judgements: dict) -> N
         {
             "node": node.pk,
             "host": node.host.name,
-            "address": node.host.node_ip,
+            "address": node.node_ip,
             "rank": node.rank,
             "is_head": node.is_head,
             "verdict": judgements[node.pk].verdict,

@@ -223,6 +223,7 @@ class HostDetailSerializer(HostViewSerializer):
             "ssh_user",
             "ssh_host_key",
             "private_address",
+            "overlay_endpoint",
             "local_spec",
             "error_code",
             "error_message",
@@ -280,6 +281,15 @@ class HostCreateSerializer(serializers.Serializer):
         allow_null=True,
         help_text="SSH hosts: the address the provider's other hosts reach this one at, when it is not "
         "`address` (a gateway, NAT). Ray, the probe and collectives use it.",
+    )
+    overlay_endpoint = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=270,
+        validators=[validation.validate_udp_endpoint],
+        help_text="SSH hosts behind NAT: the public ADDRESS:PORT your provider forwards to the host's UDP port "
+        "51820 (a cluster's WireGuard overlay). Blank: none; clusters across networks then relay through a "
+        "node that has one.",
     )
     local_spec = LocalSpecSerializer(required=False)
 

@@ -6,6 +6,7 @@ from django.test.utils import CaptureQueriesContext
 
 from inventory.choices import HostState
 from inventory.models import Host
+from tests.inventory.test_onboarding_rules import ssh_key
 
 pytestmark = pytest.mark.django_db
 
@@ -198,6 +199,33 @@ def test_ssh_host_needs_address(priya, northwind, northwind_ib, client_for):
     body = {"provider": "northwind", "name": "x", "block": block, "driver": "ssh", "price_per_gpu_hour": "1"}
     response = client_for(priya).post("/api/v1/hosts/", body, format="json")
     assert response.status_code == 400 and "address" in response.json()["error"]["fields"]
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["203.0.113.7", "203.0.113.7:0", "203.0.113.7:70000", "a b:51821", ":51821"]
+)
+def test_a_forwarded_udp_port_that_is_not_address_colon_port_is_refused_saying_so(
+    priya, northwind, northwind_ib, client_for, endpoint
+):
+    block = northwind_ib.blocks.first().pk
+    body = {"provider": "northwind", "name": "x", "block": block, "driver": "ssh", "price_per_gpu_hour": "1",
+            "address": "10.0.4.19", "overlay_endpoint": endpoint}  # fmt: skip
+    response = client_for(priya).post("/api/v1/hosts/", body, format="json")
+    assert response.status_code == 400
+    assert "e.g. 203.0.113.7:51821" in str(response.json()["error"]["fields"]["overlay_endpoint"])
+    assert not Host.objects.filter(name="x").exists()
+
+
+def test_a_hosts_forwarded_udp_port_is_kept_and_shown(priya, northwind, northwind_ib, client_for):
+    block = northwind_ib.blocks.first().pk
+    body = {"provider": "northwind", "name": "x", "block": block, "driver": "ssh", "price_per_gpu_hour": "1",
+            "address": "10.0.4.19", "overlay_endpoint": "gw.northwind.example:51821", "ssh_user": "volt",
+            "ssh_private_key": ssh_key()}  # fmt: skip
+    created = client_for(priya).post("/api/v1/hosts/", body, format="json")  # onboarding waits for a commit
+    assert created.status_code == 202, created.json()
+    assert client_for(priya).get(f"/api/v1/hosts/{created.json()['id']}/").json()["overlay_endpoint"] == (
+        "gw.northwind.example:51821"
+    )
 
 
 def test_adding_a_host_to_another_providers_block_is_refused(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from inventory import services
+from inventory import reachability, services
 from inventory.choices import DriverKind
 from inventory.drivers.ssh import SshDriver
 from inventory.lab import operations, state
@@ -158,13 +158,16 @@ def make_lab(lab_number, lab_base, tmp_path_factory) -> Iterator:
 def onboard_machine(lab: Lab, provider, fabric, name: str, block=None):
     """What a provider admin does for a real machine: its address, port, user and key (the host key is
     learnt on first use), and its private address, where its provider's other machines reach it (Volt
-    reaches it through the lab's gate)."""
+    reaches it through the lab's gate), and the UDP port its provider forwards to it, if any. Then which of its
+    provider's hosts reach it, as the check onboarding queues does (a test's transaction never commits)."""
     status = lab.status()
     machine = status.machine(name)
+    _record, topology = operations.read_lab(lab.base, lab.number)
     request = services.HostRequest(
         name=name,
         block=block or fabric.blocks.first(),
         private_address=machine.address,
+        overlay_endpoint=topology.machine(name).udp_endpoint,
         driver=DriverKind.SSH,
         price_per_gpu_hour=Decimal("2.10"),
         address=machine.gate,
@@ -173,4 +176,6 @@ def onboard_machine(lab: Lab, provider, fabric, name: str, block=None):
         ssh_private_key=status.key_path.read_text(),
     )
     host = services.add_host(provider, request, queue=False)
-    return services.onboard_host(host.pk)
+    host = services.onboard_host(host.pk)
+    reachability.check(host)
+    return host

@@ -14,19 +14,14 @@ import pytest
 from clusters.provisioning import overlay
 from inventory.drivers.sudo import SudoDriver
 from inventory.lab import operations
+from tests.lab.conftest import onboard_machine
 
 FABRIC = {"site": "iad1", "kind": "eth_100g", "per_host_gbytes_per_s": 12.5}
 
 
-def _machine(name: str, provider: str) -> dict:
-    return {
-        "name": name,
-        "provider": provider,
-        "fabric": "f",
-        "block": "r1",
-        "gpu_model": "L40S",
-        "gpu_count": 1,
-    }
+def _machine(name: str, provider: str, gpus: int = 1) -> dict:
+    return {"name": name, "provider": provider, "fabric": "f", "block": "r1", "gpu_model": "L40S",
+            "gpu_count": gpus}  # fmt: skip
 
 
 TOPOLOGY = {
@@ -38,8 +33,8 @@ TOPOLOGY = {
         "orion": {"nat": True, "forward_udp": False},
     },
     "machines": [
-        _machine("nw-01", "northwind"),
-        _machine("nw-02", "northwind"),
+        _machine("nw-01", "northwind", 2),  # two GPUs: a cluster of 2 x 2 fits northwind alone
+        _machine("nw-02", "northwind", 2),
         _machine("he-01", "helios"),
         _machine("or-01", "orion"),
     ],
@@ -139,3 +134,106 @@ def test_an_overlay_across_natted_providers_reaches_every_node_and_leaves_nothin
         with _root(lab, name) as driver:
             assert overlay.leftovers(driver, IFACE) == []
         assert "wireguard-go" not in lab.exec(name, "ps", "-e", "-o", "comm=").stdout
+
+
+# --- a Volt cluster across the NAT'd providers ---------------------------------------------------------
+
+
+@pytest.fixture
+def lab_hosts(lab, northwind, helios, make_user, settings):
+    from django.db import connection
+
+    from inventory import runtimes, services, tunnels
+    from inventory.choices import FabricKind, HostState
+
+    settings.VOLT_SSH_SHARED_DIR = "/mnt/volt-shared"
+    settings.VOLT_STORE_NODE_ENDPOINT = lab.status().store_endpoint
+    settings.VOLT_PROBE_MAX_MB = 4
+    settings.VOLT_PROBE_ITERS = 2
+    settings.VOLT_NODE_JOIN_TIMEOUT_S = 150
+    settings.VOLT_SLOW_HOST_REPLACEMENTS = 0
+    settings.VOLT_JOB_POLL_S = 1.0
+    orion = services.review_provider(
+        services.register_provider(make_user("oona"), "Orion", "ops@orion.example"), approve=True
+    )
+    site = services.get_or_create_site("iad1", "us-east")
+    fabrics = {
+        provider.name.lower(): services.create_fabric(
+            provider, site, f"{provider.name.lower()}-eth", FabricKind.ETH_100G, 12.5, 1.0, ["r1"]
+        )
+        for provider in (northwind, helios, orion)
+    }
+    providers = {"northwind": northwind, "helios": helios, "orion": orion}
+    _, topology = operations.read_lab(lab.base, lab.number)
+    hosts = []
+    for name in NAMES:
+        provider = topology.machine(name).provider
+        host = onboard_machine(lab, providers[provider], fabrics[provider], name)
+        assert host.state == HostState.AVAILABLE, host.error_message
+        host = runtimes.install_runtime(host.pk)
+        assert host.runtime["state"] == "ready", host.runtime
+        hosts.append(host)
+    connection.close()
+    yield hosts
+    from clusters import services as clusters
+    from clusters.models import Cluster
+
+    for cluster in Cluster.objects.exclude(status__in=["terminated", "failed"]):
+        clusters.terminate_cluster(cluster, wait=True)
+    tunnels.close_all()
+
+
+def _links(lab, name: str) -> list[str]:
+    return [
+        line.split(":")[1].strip().split("@")[0] for line in lab.ssh(name, "ip -o link show").splitlines()
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cluster_across_natted_providers_forms_on_its_overlay_runs_a_job_and_leaves_nothing(
+    lab, lab_hosts, alice, team_a, tmp_path
+):
+    from clusters import provision, services
+    from jobs import services as jobs
+    from tests.clusters.live_helpers import worker_and_beat
+    from tests.integration.test_recovery import wait_job
+
+    # Within one provider: its nodes reach each other directly (checked at onboarding), no overlay.
+    direct = services.request_cluster(
+        team_a, alice, {"name": "one-network", "nodes": 2, "gpus_per_node": 2, "gpu_models": ["L40S"]}
+    )
+    services.place_cluster(direct.pk)
+    direct = provision.provision_cluster(direct.pk)
+    assert direct.status == "ready", direct.failure_message
+    assert direct.network_path == "direct" and direct.overlay_network == ""
+    assert all(not link.startswith("vo") for name in ("nw-01", "nw-02") for link in _links(lab, name))
+    services.terminate_cluster(direct, alice, wait=True)
+
+    # Across the three: an overlay, he-01 and or-01 (no UDP port forwarded) through a northwind relay.
+    cluster = services.request_cluster(
+        team_a, alice, {"name": "across", "nodes": 4, "gpus_per_node": 1, "gpu_models": ["L40S"]}
+    )
+    services.place_cluster(cluster.pk)
+    cluster = provision.provision_cluster(cluster.pk)
+    assert cluster.status == "ready", cluster.failure_message
+    assert cluster.network_path == "relay" and cluster.overlay_network.startswith("100.9")
+    iface = overlay.interface(cluster.pk)
+    nodes = list(cluster.nodes.select_related("host"))
+    assert all(node.node_ip.startswith(cluster.overlay_network.rsplit(".", 1)[0]) for node in nodes)
+    assert cluster.ray_address.startswith(cluster.overlay_network.rsplit(".", 1)[0])
+    assert cluster.probe_result["nodes"] == 4
+    messages = list(cluster.events.values_list("message", flat=True))
+    assert any(f"Network: overlay {iface}" in m and "through the relay nw-0" in m for m in messages), messages
+
+    with worker_and_beat(tmp_path, 2.0, entries=("poll-jobs",)):
+        job = jobs.submit_job(cluster, alice, jobs.demo_entrypoint(20, 10, 0, 0.0), working_dir=jobs.WORKLOADS_DIR,
+                              checkpoint_every=10, is_demo=True)  # fmt: skip
+        job = wait_job(job.pk, lambda j: j.status in ("succeeded", "failed", "stopped"), 400, "the demo job")
+    assert job.status == "succeeded", (job.status_reason, jobs.read_log(job)["text"][-3000:])
+    assert job.checkpoints.filter(synchronized=True).count() >= 2
+
+    services.terminate_cluster(cluster, alice, wait=True)
+    for name in NAMES:
+        with _root(lab, name) as driver:
+            assert overlay.leftovers(driver, iface) == [], name
+        assert iface not in _links(lab, name)
