@@ -37,15 +37,16 @@ TOPOLOGY = {
         _machine("nw-02", "northwind", 2),
         _machine("he-01", "helios"),
         _machine("or-01", "orion"),
+        _machine("he-02", "helios"),  # the spare recovery takes
     ],
 }
-NAMES = ("nw-01", "nw-02", "he-01", "or-01")
+NAMES = ("nw-01", "nw-02", "he-01", "or-01", "he-02")
 IFACE = overlay.interface(901)
-# Accepts one connection on the overlay address, answers with the host name, ends; 20 s at most.
+# Accepts one connection on the overlay address, answers with the host name, ends; waits argv[2] s at most.
 SERVE = """
 import socket, sys
 server = socket.create_server((sys.argv[1], 7001))
-server.settimeout(20)
+server.settimeout(float(sys.argv[2]))
 print("listening", flush=True)
 conn, _ = server.accept()
 conn.sendall(socket.gethostname().encode())
@@ -53,7 +54,7 @@ conn.close()
 """
 ASK = """
 import socket, sys, time
-end = time.monotonic() + 15
+end = time.monotonic() + float(sys.argv[2])
 while True:
     try:
         with socket.create_connection((sys.argv[1], 7001), timeout=3) as sock:
@@ -85,16 +86,16 @@ def _root(lab, name: str) -> SudoDriver:
     return SudoDriver(lab.driver(name))
 
 
-def _reach(lab, src: str, dst: str, address: str) -> str:
+def _reach(lab, src: str, dst: str, address: str, patience_s: float = 15) -> str:
     server = subprocess.Popen(
-        operations.command_in(lab.base, lab.number, dst, ["python3", "-c", SERVE, address]),
+        operations.command_in(lab.base, lab.number, dst, ["python3", "-c", SERVE, address, str(patience_s + 3)]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert server.stdout.readline().strip() == "listening", server.stderr.read()
-        return lab.exec(src, "python3", "-c", ASK, address).stdout.strip()
+        return lab.exec(src, "python3", "-c", ASK, address, str(patience_s)).stdout.strip()
     finally:
-        server.wait(timeout=30)
+        server.wait(timeout=patience_s + 20)
 
 
 def test_an_overlay_across_natted_providers_reaches_every_node_and_leaves_nothing_behind(lab, members):
@@ -134,6 +135,50 @@ def test_an_overlay_across_natted_providers_reaches_every_node_and_leaves_nothin
         with _root(lab, name) as driver:
             assert overlay.leftovers(driver, IFACE) == []
         assert "wireguard-go" not in lab.exec(name, "ps", "-e", "-o", "comm=").stdout
+
+
+def _overlay(lab, members, iface: str, network: str, names: tuple[str, ...]) -> overlay.Plan:
+    chosen = [m for m in members if m.name in names]
+    keys = {}
+    for name in names:
+        with _root(lab, name) as driver:
+            keys[name] = overlay.make_key(driver, iface)
+    plan = overlay.plan(chosen, keys, network)
+    for name in names:
+        with _root(lab, name) as driver:
+            overlay.apply(driver, iface, plan.nodes[name])
+    return plan
+
+
+def test_a_node_of_one_clusters_overlay_reaches_nothing_of_anothers(lab, members):
+    """Cluster A (nw-01, he-01) and cluster B (nw-02, or-01), each its own interface and range: B's nodes
+    serve on their overlay addresses, and A's cannot open a connection to them, by the routes they have or
+    by sending B's range into A's interface (root on A's host could add that route; WireGuard drops what no
+    peer of A's may receive)."""
+    a = _overlay(lab, members, "vo911", "100.96.11.0/24", ("nw-01", "he-01"))
+    b = _overlay(lab, members, "vo912", "100.96.12.0/24", ("nw-02", "or-01"))
+    try:
+        assert _reach(lab, "he-01", "nw-01", a.nodes["nw-01"].address) == "nw-01"  # each works on its own
+        assert _reach(lab, "or-01", "nw-02", b.nodes["nw-02"].address) == "nw-02"
+        for src in ("nw-01", "he-01"):
+            for dst in ("nw-02", "or-01"):
+                assert _reach(lab, src, dst, b.nodes[dst].address, patience_s=3).startswith("unreachable"), (
+                    src,
+                    dst,
+                )
+        for src in ("nw-01", "he-01"):
+            lab.exec(src, "ip", "route", "add", "100.96.12.0/24", "dev", "vo911")
+        for src in ("nw-01", "he-01"):
+            for dst in ("nw-02", "or-01"):
+                assert _reach(lab, src, dst, b.nodes[dst].address, patience_s=3).startswith("unreachable"), (
+                    src,
+                    dst,
+                )
+    finally:
+        for iface, names in (("vo911", ("nw-01", "he-01")), ("vo912", ("nw-02", "or-01"))):
+            for name in names:
+                with _root(lab, name) as driver:
+                    overlay.remove(driver, iface)
 
 
 # --- a Volt cluster across the NAT'd providers ---------------------------------------------------------
@@ -194,6 +239,8 @@ def test_a_cluster_across_natted_providers_forms_on_its_overlay_runs_a_job_and_l
     lab, lab_hosts, alice, team_a, tmp_path
 ):
     from clusters import provision, services
+    from inventory import services as inventory
+    from inventory.models import Host
     from jobs import services as jobs
     from tests.clusters.live_helpers import worker_and_beat
     from tests.integration.test_recovery import wait_job
@@ -210,6 +257,7 @@ def test_a_cluster_across_natted_providers_forms_on_its_overlay_runs_a_job_and_l
     services.terminate_cluster(direct, alice, wait=True)
 
     # Across the three: an overlay, he-01 and or-01 (no UDP port forwarded) through a northwind relay.
+    inventory.act_on_host(Host.objects.get(name="he-02"), "cordon", reason="not this test's")
     cluster = services.request_cluster(
         team_a, alice, {"name": "across", "nodes": 4, "gpus_per_node": 1, "gpu_models": ["L40S"]}
     )
@@ -237,3 +285,64 @@ def test_a_cluster_across_natted_providers_forms_on_its_overlay_runs_a_job_and_l
         with _root(lab, name) as driver:
             assert overlay.leftovers(driver, iface) == [], name
         assert iface not in _links(lab, name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recovery_keys_the_replacement_into_the_overlay_and_the_job_resumes(
+    lab, lab_hosts, alice, team_a, tmp_path
+):
+    from clusters import provision, services
+    from inventory import services as inventory
+    from inventory.models import Host
+    from jobs import services as jobs
+    from tests.clusters.live_helpers import worker_and_beat
+    from tests.integration.test_recovery import last_recovery_id, wait_job, wait_recovery
+
+    inventory.act_on_host(
+        Host.objects.get(name="he-02"), "cordon", reason="the spare, kept out of the first placement"
+    )
+    cluster = services.request_cluster(
+        team_a, alice, {"name": "recovering", "nodes": 4, "gpus_per_node": 1, "gpu_models": ["L40S"]}
+    )
+    services.place_cluster(cluster.pk)
+    cluster = provision.provision_cluster(cluster.pk)
+    assert cluster.status == "ready", cluster.failure_message
+    inventory.act_on_host(Host.objects.get(name="he-02"), "uncordon")
+    before = {n.host.name: n.overlay_address for n in provision.active_nodes(cluster)}
+    assert set(before) == {"nw-01", "nw-02", "he-01", "or-01"} and all(before.values())
+    victim = next(n for n in provision.active_nodes(cluster) if n.host.name == "he-01")
+    assert not victim.is_head
+
+    try:
+        with worker_and_beat(
+            tmp_path, 2.0, entries=("watch-clusters", "poll-jobs"), also={"retry-recoveries": 2.0}
+        ):
+            job = jobs.submit_job(cluster, alice, jobs.demo_entrypoint(60, 10, 0, 0.5), working_dir=jobs.WORKLOADS_DIR,
+                                  checkpoint_every=10, is_demo=True)  # fmt: skip
+            wait_job(job.pk, lambda j: (j.last_step or 0) >= 25, 300, "the demo past its second checkpoint")
+            since = last_recovery_id(cluster)
+            lab.manage("power-off", "he-01")
+            recovery = wait_recovery(cluster, since, status="succeeded")
+            assert [h["name"] for h in recovery.failed_hosts] == ["he-01"]
+            job = wait_job(job.pk, lambda j: j.status in ("succeeded", "failed", "stopped"), 500, "the end")
+        assert job.status == "succeeded", (job.status_reason, jobs.read_log(job)["text"][-3000:])
+        assert job.attempt == 2 and job.last_step == 60
+
+        after = {n.host.name: n.overlay_address for n in provision.active_nodes(cluster)}
+        assert set(after) == {"nw-01", "nw-02", "or-01", "he-02"}
+        assert {k: v for k, v in after.items() if k != "he-02"} == {
+            k: v for k, v in before.items() if k != "he-01"
+        }
+        assert after["he-02"] and after["he-02"] not in {v for k, v in after.items() if k != "he-02"}
+        iface = overlay.interface(cluster.pk)
+        replacement_key = lab.exec(
+            "he-02", "sh", "-c", f"wg pubkey < {overlay.KEY_DIR}/{iface}.key"
+        ).stdout.strip()
+        for name in ("nw-01", "nw-02"):  # the survivors that dial it: its key, not the dead node's
+            peers = lab.exec(name, "wg", "show", iface, "peers").stdout.split()
+            assert replacement_key in peers and len(peers) == 3, (name, peers)
+        cluster.refresh_from_db()
+        assert cluster.status == "ready"
+        services.terminate_cluster(cluster, alice, wait=True)
+    finally:
+        lab.manage("power-on", "he-01", check=False)
