@@ -8,7 +8,7 @@ forwarded per machine: northwind nw-01, nw-02, nw-03 (one block: the lab's block
 helios he-01, he-02. Then:
 
 - busbw: Volt's all-reduce probe (clusters/probes/allreduce.py, gloo, 2 ranks, --mb largest message), run
-  inside nw-01 and nw-02 with this checkout's Python, alternating for --rounds: on their own addresses
+  inside nw-01 and nw-02 from Volt's runtime there (installed for the READY case, below), alternating for --rounds: on their own addresses
   (direct), over a 2-node overlay between them (overlay), and over a 3-node overlay in which neither may
   dial the other, so their traffic goes through nw-03 (relay). Each figure is the probe's busbw at its
   largest message; medians. Target: overlay / direct >= 0.8 at the lab's block rate;
@@ -40,7 +40,6 @@ from bench._common import emit_json, print_table  # noqa: E402
 from bench.lab import lab, machine_driver, setup  # noqa: E402
 
 PROBE = ROOT / "clusters" / "probes" / "allreduce.py"
-PYTHON = ROOT / ".venv" / "bin" / "python"  # a lab machine sees this checkout at its path, read-only
 PORT = 29611
 
 
@@ -61,13 +60,14 @@ def topology() -> dict:
     }  # fmt: skip
 
 
-def probe(number: int, base: Path, addresses: tuple[str, str], mb: int, iters: int) -> float:
-    """The probe between nw-01 (rank 0) and nw-02 on `addresses`; its busbw at the largest message, GB/s."""
+def probe(number: int, base: Path, python: str, addresses: tuple[str, str], mb: int, iters: int) -> float:
+    """The probe between nw-01 (rank 0) and nw-02 on `addresses`, from Volt's runtime on them (`python`); its
+    busbw at the largest message, GB/s."""
     from clusters.probes.allreduce import parse_result
     from inventory.lab import operations
 
     def rank(r: int) -> list[str]:
-        argv = [str(PYTHON), str(PROBE), "--rank", str(r), "--world", "2", "--master", addresses[0], "--port",
+        argv = [python, "-c", PROBE.read_text(), "--rank", str(r), "--world", "2", "--master", addresses[0], "--port",
                 str(PORT), "--node-ip", addresses[r], "--max-mb", str(mb), "--iters", str(iters), "--backend",
                 "gloo", "--warmup", "2"]  # fmt: skip
         return operations.command_in(base, number, ("nw-01", "nw-02")[r], argv)
@@ -114,7 +114,7 @@ def remove_overlay(status, iface: str, names) -> None:
             overlay.remove(driver, iface)
 
 
-def busbw(number: int, base: Path, status, topo, rounds: int, mb: int, iters: int) -> dict:
+def busbw(number: int, base: Path, status, topo, python: str, rounds: int, mb: int, iters: int) -> dict:
     from clusters.provisioning.overlay import Member
 
     nw = {n: topo.machine(n) for n in ("nw-01", "nw-02", "nw-03")}
@@ -134,10 +134,10 @@ def busbw(number: int, base: Path, status, topo, rounds: int, mb: int, iters: in
     figures: dict[str, list[float]] = {case: [] for case in cases}
     order = list(cases)
     try:
-        probe(number, base, cases["relay"], 1, 2)  # the relay's handshakes, before anything is timed
+        probe(number, base, python, cases["relay"], 1, 2)  # the relay's handshakes, before anything is timed
         for r in range(rounds):
             for case in order[r % 3 :] + order[: r % 3]:
-                figures[case].append(probe(number, base, cases[case], mb, iters))
+                figures[case].append(probe(number, base, python, cases[case], mb, iters))
                 print(f"round {r + 1}: {case} {figures[case][-1] * 1000:.1f} MB/s", flush=True)
     finally:
         remove_overlay(status, "vo801", ("nw-01", "nw-02"))
@@ -154,7 +154,8 @@ def busbw(number: int, base: Path, status, topo, rounds: int, mb: int, iters: in
     }
 
 
-def cross_provider_ready(status, topo, scale: float) -> float:
+def cross_provider_ready(status, topo, scale: float) -> tuple[float, str]:
+    """Seconds from request to READY, and the Python of Volt's runtime the machines now have."""
     from decimal import Decimal
 
     from django.contrib.auth import get_user_model
@@ -192,7 +193,7 @@ def cross_provider_ready(status, topo, scale: float) -> float:
     researcher = owners.create_user("bench-researcher")
     accounts.add_member(accounts.create_team("Bench", "bench"), researcher)
     run = volt_run(4)
-    return run["seconds"]
+    return run["seconds"], hosts[0].runtime["python"]
 
 
 def main() -> None:
@@ -218,8 +219,9 @@ def main() -> None:
             status = operations.status(base, args.lab)
             record, topo = operations.read_lab(base, args.lab)
             block_rate = topo.rate_bytes(topo.machine("nw-01"), topo.machine("nw-02"), record.scale)
-            figures = busbw(args.lab, base, status, topo, args.rounds, args.mb, args.iters)
-            ready_s = cross_provider_ready(status, topo, record.scale)
+            ready_s, python = cross_provider_ready(status, topo, record.scale)
+            print(f"cross-provider READY in {ready_s:.1f} s", flush=True)
+            figures = busbw(args.lab, base, status, topo, python, args.rounds, args.mb, args.iters)
         finally:
             lab(args.lab, "down")
             from inventory import tunnels
