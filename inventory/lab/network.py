@@ -192,6 +192,13 @@ def link_machine(lab: int, machine: Machine, provider: Provider) -> None:
     _ip(own, "route", "add", "default", "via", provider.gateway)
 
 
+def drop_connections(lab: int, name: str) -> None:
+    """Destroy every TCP socket of machine `name`'s namespace (`ss -K`). Its processes gone, the kernel would
+    still send what their closed sockets had queued (and FIN it: a complete upload from a machine without
+    power); a real machine's power-off takes that too. Peers get a reset."""
+    _run(["ip", "netns", "exec", machine_namespace(lab, name), "ss", "-K", "-t", "-a"], check=False)
+
+
 def set_plugged(lab: int, machine: Machine, plugged: bool) -> None:
     """Plug or unplug a machine's cable: its veth's router end up or down."""
     _ip(router_namespace(lab), "link", "set", router_end(machine), "up" if plugged else "down")

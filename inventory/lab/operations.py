@@ -418,7 +418,8 @@ def _machine(base: Path, lab: int, name: str):
 
 
 def power_off(base: Path, lab: int, name: str, say: Say = print) -> None:
-    """Cut `name`'s power: SIGKILL its PID 1, which ends every process of the machine."""
+    """Cut `name`'s power: SIGKILL its PID 1, which ends every process of the machine, and destroy its TCP
+    sockets, so that nothing it had queued still reaches a peer."""
     _require()
     with _locked(lab):
         record, _topology, _machine_, entry = _machine(base, lab, name)
@@ -426,6 +427,7 @@ def power_off(base: Path, lab: int, name: str, say: Say = print) -> None:
             say(f"{name} is already off")
         else:
             machines.power_off(entry.pid1, entry.launcher)
+            network.drop_connections(lab, name)  # and what its kernel still had to send for them
             say(f"{name} is off: PID 1 (host PID {entry.pid1.pid}) and every process of the machine ended")
         entry.power, entry.pid1, entry.launcher = state.POWER_OFF, None, None
         state.write(state.lab_dir(base, lab), record)

@@ -214,6 +214,7 @@ class Command(BaseCommand):
                 price_per_gpu_hour=Decimal(LAB_PRICES.get(machine.spec["gpu_model"], "1.00")),
                 address=seen.gate, ssh_port=seen.gate_port, ssh_user=status.login_user, ssh_private_key=key,
                 ssh_host_key=seen.host_key, private_address=seen.address,
+                overlay_endpoint=machine.udp_endpoint,  # where a cluster spanning providers reaches it
             )  # fmt: skip
             with transaction.atomic():
                 services.add_host(provider, request)  # onboarding, then the runtime install: Celery tasks
