@@ -196,8 +196,8 @@ def _check_keys(public_keys: Mapping[str, str], members: Sequence[Member]) -> No
             raise OverlayFailed(f"{name}: {public_keys.get(name)!r} is not a WireGuard public key")
 
 
-def config(node: NodePlan, key_path: str) -> str:
-    """The node's `wg syncconf` file; its private key is read from `key_path` on the host as it is written."""
+def config(node: NodePlan) -> str:
+    """The node's `wg syncconf` file; `apply` puts the host's own private key in place of @KEY@ on the host."""
     lines = ["[Interface]", f"ListenPort = {node.port}", "PrivateKey = @KEY@"]
     for peer in node.peers:
         lines += [
@@ -267,7 +267,7 @@ def apply(
     peers to exactly the plan's (`wg syncconf`: peers added and removed, the interface left up). Returns
     "kernel" or "wireguard-go"."""
     key, conf = _paths(iface)
-    body = config(node, key)
+    body = config(node)
     script = "\n".join(
         [
             *_PREAMBLE,
@@ -275,7 +275,7 @@ def apply(
             f"if ! ip link show {iface} >/dev/null 2>&1; then",
             f"  if ! ip link add {iface} type wireguard 2>/dev/null; then",
             "    command -v wireguard-go >/dev/null 2>&1 || { echo 'neither kernel WireGuard nor wireguard-go' >&2; exit 3; }",
-            f"    wireguard-go {iface} >/dev/null",
+            f"    wireguard-go {iface} >/dev/null 2>&1 </dev/null",
             "  fi",
             "fi",
             f"[ -e /sys/class/net/{iface}/tun_flags ] || echo VOLT_KERNEL  # a TUN device: wireguard-go's",

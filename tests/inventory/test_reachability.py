@@ -4,6 +4,7 @@ clusters are planned from."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from decimal import Decimal
 
@@ -28,7 +29,7 @@ class ShellDriver(HostDriver):
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
     def copy_file(self, local_path, remote_path, timeout=None):
-        raise NotImplementedError
+        shutil.copyfile(local_path, remote_path)
 
     def check_reachable(self, timeout=None):
         return None
