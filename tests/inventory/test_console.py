@@ -245,3 +245,31 @@ def test_the_host_form_takes_a_private_address_for_an_ssh_host(client, priya, no
     assert not Host.objects.exists()
     client.post(url, form | {"private_address": "10.77.1.17"})
     assert Host.objects.get().private_address == "10.77.1.17" and Host.objects.get().node_ip == "10.77.1.17"
+
+
+def test_the_host_form_takes_a_forwarded_udp_port_and_the_host_page_shows_it(
+    client, priya, northwind, northwind_ib
+):
+    """Issue 26: the UDP port a provider forwards to a host (its WireGuard overlay's) is on the form, a
+    malformed one is an inline error that creates nothing, and the host's page shows the one it keeps."""
+    from tests.inventory.test_onboarding_rules import ssh_key
+
+    client.force_login(priya)
+    form = {"name": "nw-08", "block": northwind_ib.blocks.first().pk, "driver": "ssh", "price_per_gpu_hour": "2",
+            "address": "gw.northwind.example", "ssh_user": "volt", "ssh_private_key": ssh_key()}  # fmt: skip
+    url = f"/inventory/providers/{northwind.slug}/hosts/new/"
+    page = client.get(url).content.decode()
+    assert 'name="overlay_endpoint"' in page and "Forwarded UDP port (SSH)" in page
+    bad = client.post(url, form | {"overlay_endpoint": "203.0.113.7"})
+    assert bad.status_code == 200 and "e.g. 203.0.113.7:51821" in bad.content.decode()
+    assert not Host.objects.exists()
+    client.post(url, form | {"overlay_endpoint": "203.0.113.7:51821"})
+    host = Host.objects.get()
+    assert host.overlay_endpoint == "203.0.113.7:51821"
+    Host.objects.filter(pk=host.pk).update(
+        system={"user": "volt", "privilege": "sudo", "addresses": ["10.0.0.5"]}
+    )
+    assert (
+        'forwarded UDP port <span class="mono">203.0.113.7:51821</span>'
+        in client.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    )
