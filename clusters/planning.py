@@ -20,7 +20,7 @@ from django.core.cache import cache
 from django.db.models import Case, Count, Exists, F, OuterRef, QuerySet, When
 from django.utils import timezone
 
-from clusters import placement, quotas
+from clusters import network_paths, placement, quotas
 from clusters.choices import BandwidthSource
 from clusters.models import Allocation, BandwidthSample, Cluster
 from inventory import services as inventory
@@ -198,8 +198,10 @@ def measured_bandwidth() -> dict[tuple[str, str], float]:
     where Volt measured nothing there itself, and never above what Volt predicted for those hosts: a
     provider can tell placement its links are slower than declared, not make them look faster."""
     since = timezone.now() - timezone.timedelta(days=MEASURED_MAX_AGE_DAYS)
-    samples = BandwidthSample.objects.filter(measured_at__gte=since).exclude(
-        source_local=True, emulated=False
+    samples = (
+        BandwidthSample.objects.filter(measured_at__gte=since)
+        .exclude(source_local=True, emulated=False)
+        .exclude(level__in=network_paths.OVER)  # an overlay's cost, not a domain's (network_paths.cost)
     )
     volt: dict[tuple[str, str], float] = {}
     provider: dict[tuple[str, str], float] = {}
@@ -434,6 +436,8 @@ def plan_request(
             result = placement.plan(request, wide, measured, validate_inventory=False, price_band=band)
     except placement.InvalidRequest as exc:
         raise InvalidSpec(exc.problems) from None
+    if isinstance(result, placement.Plan):  # the engine knows topology; the path is reachability's
+        result = network_paths.annotate(result, request)
     return _explain_other_teams(request, team_id, result)
 
 

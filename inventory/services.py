@@ -360,7 +360,9 @@ def _complete_onboarding(host: Host, discovery: Discovery, seen_key: str | None)
     warnings = onboarding.network_warnings(host, discovery)
     found = onboarding.discovered_injection(host, discovery)
     summary = _discovery_summary(discovery)
-    _event(host, HostEventKind.DISCOVERY, f"system: {discovery.system.summary}")
+    system = discovery.system
+    overlay = system.overlay_summary if host.driver == DriverKind.SSH else ""  # local hosts share loopback
+    _event(host, HostEventKind.DISCOVERY, f"system: {', '.join(filter(None, (system.summary, overlay)))}")
     _event(host, HostEventKind.DISCOVERY, summary)  # the GPUs' line last: the newest discovery line
     for problem in _gpu_problem_lines(discovery):
         _event(host, HostEventKind.HEALTH, problem)

@@ -260,6 +260,11 @@ class Plan:
     price_per_hour: float  # US dollars per hour for every GPU of the plan
     explanation: tuple[str, ...]
     stage_order: tuple[tuple[str, ...], ...] = ()  # tensor_pipeline: host ids per stage, in order
+    # How the nodes reach each other (direct / overlay / relay: clusters/network_paths.py, outside the
+    # engine, which knows topology, not reachability); with an overlay, `predicted_busbw_gbps` is the
+    # direct figure times the overlay's measured cost and `direct_busbw_gbps` keeps the figure before it.
+    network_path: str = "direct"
+    direct_busbw_gbps: float | None = None
 
     @property
     def host_ids(self) -> tuple[str, ...]:

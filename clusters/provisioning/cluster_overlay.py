@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
-from clusters import transitions
+from clusters import network_paths, transitions
 from clusters.choices import TERMINAL
 from clusters.models import Cluster, ClusterNode
 from clusters.provisioning import overlay
@@ -70,10 +70,12 @@ def set_up(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str:
     """Decide the path and, for an overlay, set it up on every node's host; returns the path. Raises
     OverlayHostsFailed (the hosts to replace) or overlay.OverlayFailed (no relay possible: a fact of the
     hosts, not of one host)."""
-    cluster.refresh_from_db(fields=["overlay_network", "network_path"])
+    cluster.refresh_from_db(
+        fields=["overlay_network", "network_path", "plan", "predicted_busbw_gbps", "predicted_allreduce_s"]
+    )
     networks = reachability.networks([n.host for n in nodes])
     if not cluster.overlay_network and len({networks[n.host_id] for n in nodes}) == 1:
-        _record_path(cluster, overlay.DIRECT, "its nodes reach each other directly: no overlay")
+        _record_path(cluster, nodes, overlay.DIRECT, "its nodes reach each other directly: no overlay")
         return overlay.DIRECT
     network = cluster.overlay_network or _allocate(cluster)
     planned = members(nodes, networks)
@@ -99,6 +101,7 @@ def set_up(cluster: Cluster, nodes: list[ClusterNode], drivers: list) -> str:
         f"through the relay {plan.relay}" if plan.relay else ""  # fmt: skip
     _record_path(
         cluster,
+        nodes,
         plan.path,
         f"overlay {iface} on {network}: {len(nodes)} nodes over {len({m.network for m in planned})} networks "
         f"({', '.join(kinds)}){relay}",
@@ -140,9 +143,12 @@ def _allocate(cluster: Cluster) -> str:
     raise overlay.OverlayFailed("could not take an overlay range: other clusters kept taking the same one")
 
 
-def _record_path(cluster: Cluster, path: str, message: str) -> None:
+def _record_path(cluster: Cluster, nodes: list[ClusterNode], path: str, message: str) -> None:
     Cluster.objects.filter(pk=cluster.pk).update(network_path=path)
-    if cluster.network_path != path or path != overlay.DIRECT:
+    repriced = network_paths.reprice(cluster, nodes, path)  # the probe is judged against this path's figure
+    if repriced:
+        message += f"; {repriced}"
+    if cluster.network_path != path or path != overlay.DIRECT or repriced:
         transitions.note(cluster, f"Network: {message}", heartbeat=True)
     cluster.network_path = path
 

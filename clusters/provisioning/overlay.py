@@ -131,6 +131,31 @@ def choose_relay(members: Sequence[Member]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Route:
+    """How a cluster's nodes will reach each other, before any key exists: what placement predicts from."""
+
+    path: str  # DIRECT, OVERLAY or RELAY
+    relay: str  # the relay's name ("" when no pair needs one)
+    paths: dict[tuple[str, str], str]  # (a, b) sorted → DIRECT / OVERLAY / RELAY
+    networks: int  # how many networks the nodes sit in
+
+
+def route(members: Sequence[Member]) -> Route:
+    """The path `plan` would set up for these members. Raises OverlayFailed when a pair needs a relay and no
+    member can be it."""
+    paths = {
+        tuple(sorted((a.name, b.name))): pair_path(a, b)
+        for i, a in enumerate(members)
+        for b in members[i + 1 :]
+    }
+    count = len({m.network for m in members})
+    if count <= 1:
+        return Route(DIRECT, "", paths, count)
+    relay = choose_relay(members)
+    return Route(RELAY if RELAY in paths.values() else OVERLAY, relay, paths, count)
+
+
 def plan(
     members: Sequence[Member],
     public_keys: Mapping[str, str],
@@ -148,12 +173,8 @@ def plan(
             address[member.name] = next(free, "")
             if not address[member.name]:
                 raise OverlayFailed(f"{len(members)} nodes do not fit in {network}")
-    relay = choose_relay(members)
-    paths = {
-        tuple(sorted((a.name, b.name))): pair_path(a, b)
-        for i, a in enumerate(members)
-        for b in members[i + 1 :]
-    }
+    routed = route(members)
+    relay, paths = routed.relay, routed.paths
     nodes = {}
     for me in members:
         routed_via_relay = [

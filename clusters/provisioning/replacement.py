@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError
 from django.utils import timezone
 
-from clusters import allocations, placement, planning, reservations, transitions
+from clusters import allocations, network_paths, placement, planning, reservations, transitions
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
@@ -149,14 +149,11 @@ def refresh_plan(cluster: Cluster, why: str) -> None:
     pairs = [(snapshots[str(n.host_id)], tuple(n.gpu_indices)) for n in nodes]
     head = next((n for n in nodes if n.is_head), nodes[0])
     price = sum(float(n.host.price_per_gpu_hour) * len(n.gpu_indices) for n in nodes)
+    request = planning.to_request(cluster.spec)
     plan = placement.plan_for_nodes(
-        planning.to_request(cluster.spec),
-        pairs,
-        str(head.host_id),
-        price,
-        planning.measured_bandwidth(),
-        f"after: {why}",
+        request, pairs, str(head.host_id), price, planning.measured_bandwidth(), f"after: {why}"
     )
+    plan = network_paths.annotate(plan, request)  # the path its nodes now take, and its cost
     before_level = (cluster.plan or {}).get("spanned_level") or "host"
     before_busbw = cluster.predicted_busbw_gbps
     Cluster.objects.filter(pk=cluster.pk).update(

@@ -12,7 +12,7 @@ from django.core.cache import cache
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import planning, tenancy, transitions
+from clusters import network_paths, planning, tenancy, transitions
 from clusters.choices import ClusterStatus, FailureReason
 from clusters.models import Cluster, ClusterNode
 from clusters.placement.bandwidth import format_gbps
@@ -134,6 +134,9 @@ def verify(cluster: Cluster, *, replace_slow: bool = True) -> Cluster:
     message = _probe_summary(cluster, result)
     slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
     node = next((n for n in nodes if slow and n.node_ip == slow["node_ip"]), None)
+    path_blamed = network_paths.blame(cluster, nodes, result, settings.VOLT_SLOW_HOST_FRACTION)
+    if path_blamed:
+        message += f"; {path_blamed}"
     if node is not None:
         message += (
             f"; {node.host.name} is the slowest host: {slow['what']} {format_gbps(slow['gbps'], 2)} GB/s, "
@@ -241,11 +244,16 @@ def _record_sample(cluster: Cluster, busbw: float, result: dict) -> str:
     not ("<level>'s measured figure: <why>"), or "" when recorded (or nothing spans a domain)."""
 
     plan = cluster.plan or {}
+    nodes = active_nodes(cluster)
+    if cluster.network_path in network_paths.OVER:  # the overlay's cost: its domain's links ran beneath it
+        slow = allreduce.slowest_host(result, settings.VOLT_SLOW_HOST_FRACTION)
+        if slow is not None and slow["metric"] != "link_gbps":
+            return f"{cluster.network_path}'s cost: the per-host tests blame a host's {slow['what']}"
+        return network_paths.record(cluster, nodes, busbw)
     level, domain = plan.get("spanned_level"), plan.get("spanned_domain") or []
     index = {"block": 3, "fabric": 2, "site": 1, "region": 0}.get(level)
     if index is None or len(domain) <= index:
         return ""
-    nodes = active_nodes(cluster)
     local = any(node.host.driver == DriverKind.LOCAL for node in nodes)
     emulated = bool(result.get("links_emulated", True))
     why = _host_fault(nodes, result)

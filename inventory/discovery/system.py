@@ -32,6 +32,14 @@ SYSTEM_COMMAND = "; ".join(
         " else hostname -I 2>/dev/null | tr ' ' '\\n'; fi",
         "echo @@sudo",
         "if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then echo yes; else echo no; fi",
+        # What a cluster's WireGuard overlay needs (clusters/provisioning/overlay.py): `wg`, and kernel
+        # WireGuard or wireguard-go over /dev/net/tun.
+        "echo @@wireguard",
+        "command -v wg >/dev/null 2>&1 && echo wg",
+        "command -v wireguard-go >/dev/null 2>&1 && echo wireguard-go",
+        "{ [ -d /sys/module/wireguard ] || modprobe -n -q wireguard 2>/dev/null; } && echo kernel",
+        "[ -c /dev/net/tun ] && echo tun",
+        "true",
     ]
 )
 
@@ -53,11 +61,40 @@ class HostSystem:
     user: str = ""
     privilege: str = ""  # "root", "sudo" (passwordless) or "none"; "" when unknown
     addresses: tuple[str, ...] = ()  # the host's own IPv4 addresses (`ip -4 addr`), loopback included
+    wireguard: tuple[str, ...] | None = None  # of "wg", "wireguard-go", "kernel", "tun"; None: not asked
+
+    @property
+    def overlay(self) -> str:
+        """How a cluster's overlay would run here: "kernel", "wireguard-go", "" (it cannot: `overlay_missing`
+        says what to install), or "unknown" (discovered before Volt asked)."""
+        if self.wireguard is None:
+            return "unknown"
+        if "wg" not in self.wireguard:
+            return ""
+        if "kernel" in self.wireguard:
+            return "kernel"
+        return "wireguard-go" if {"wireguard-go", "tun"} <= set(self.wireguard) else ""
+
+    @property
+    def overlay_missing(self) -> str:
+        """What the host lacks for an overlay, in words a provider acts on ("" when nothing)."""
+        if self.overlay:
+            return ""
+        have = set(self.wireguard or ())
+        missing = [] if "wg" in have else ["`wg` (install wireguard-tools)"]
+        if "kernel" not in have:
+            if "wireguard-go" not in have:
+                missing.append("kernel WireGuard or wireguard-go (install wireguard-go)")
+            if "tun" not in have:
+                missing.append("/dev/net/tun (wireguard-go needs it)")
+        return ", ".join(missing)
 
     def as_json(self) -> dict:
         data = asdict(self)
         data["pythons"] = [{"path": path, "version": version} for path, version in self.pythons]
         data["addresses"] = list(self.addresses)
+        data["wireguard"] = None if self.wireguard is None else list(self.wireguard)
+        data["overlay"], data["overlay_missing"] = self.overlay, self.overlay_missing
         return data
 
     @property
@@ -80,6 +117,16 @@ class HostSystem:
             }.get(self.privilege, "sudo unknown")
         )
         return ", ".join(parts)
+
+    @property
+    def overlay_summary(self) -> str:
+        """The history's words on overlays (SSH hosts): "overlay by wireguard-go", "no overlay possible: needs
+        …", or "" when not asked."""
+        if self.overlay in ("kernel", "wireguard-go"):
+            return f"overlay by {'kernel WireGuard' if self.overlay == 'kernel' else 'wireguard-go'}"
+        if self.overlay == "":
+            return f"no overlay possible: needs {self.overlay_missing}"
+        return ""
 
 
 def _sections(text: str) -> dict[str, list[str]]:
@@ -144,4 +191,12 @@ def parse_system(text: str) -> HostSystem:
         user=user,
         privilege=privilege,
         addresses=tuple(addresses),
+        wireguard=_wireguard(sections),
     )
+
+
+def _wireguard(sections: dict[str, list[str]]) -> tuple[str, ...] | None:
+    if "wireguard" not in sections:
+        return None
+    known = ("wg", "wireguard-go", "kernel", "tun")
+    return tuple(word for word in known if word in sections["wireguard"])

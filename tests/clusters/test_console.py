@@ -54,8 +54,10 @@ def test_a_data_parallel_plan_across_regions_is_flagged_in_the_preview_and_the_a
         {"nodes": 7, "gpus_per_node": 8, "gpu_models": ["H100"], "parallelism": "data_parallel"},
         content_type="application/json",
     ).json()
-    assert body["spanned_level"] == "global" and len(body["warnings"]) == 1
+    assert body["spanned_level"] == "global" and len(body["warnings"]) == 2
     assert body["warnings"][0].startswith("no single site can hold these 7 nodes")
+    # Two providers' hosts, none with a forwarded UDP port: no overlay can join them (issue 26).
+    assert body["network_path"] == "overlay" and "have no reachable UDP endpoint" in body["warnings"][1]
     two = client.post(
         "/api/v1/placements/preview",
         {"nodes": 2, "gpus_per_node": 8, "gpu_models": ["H100"], "parallelism": "data_parallel"},

@@ -185,3 +185,67 @@ def test_a_host_name_is_refused_as_a_ray_node_address_before_anything_runs():
     ):
         ray_nodes.start_head(NoHost(), cluster_id="volt-x-1", ports=ray_nodes.ports_for(3),
                              temp_dir="/tmp/volt-ray/x/1-0", node_ip="gpu-07.example.net")  # fmt: skip
+
+
+# --- what a cluster's overlay needs (issue 26: onboarding says whether the host can join one) ----------
+
+
+@pytest.mark.parametrize(
+    ("printed", "overlay", "missing"),
+    [
+        ("wg\nkernel\ntun\n", "kernel", ""),
+        ("wg\nwireguard-go\ntun\n", "wireguard-go", ""),
+        ("wireguard-go\ntun\n", "", "`wg` (install wireguard-tools)"),
+        ("wg\nwireguard-go\n", "", "/dev/net/tun (wireguard-go needs it)"),
+        (
+            "",
+            "",
+            "`wg` (install wireguard-tools), kernel WireGuard or wireguard-go (install wireguard-go), "
+            "/dev/net/tun (wireguard-go needs it)",
+        ),
+    ],
+)
+def test_onboarding_reads_whether_a_host_can_join_an_overlay_and_what_it_lacks(printed, overlay, missing):
+    facts = parse_system(f"@@sudo\nyes\n@@wireguard\n{printed}")
+    assert (facts.overlay, facts.overlay_missing) == (overlay, missing)
+    assert facts.as_json()["overlay"] == overlay
+    if not overlay:
+        assert facts.overlay_summary == f"no overlay possible: needs {missing}"
+
+
+def test_a_host_discovered_before_volt_asked_is_not_called_unable():
+    facts = parse_system("@@sudo\nyes\n")
+    assert (facts.overlay, facts.overlay_missing, facts.overlay_summary) == ("unknown", "", "")
+
+
+def test_this_machines_own_answer_is_parsed_from_the_real_command():
+    import subprocess
+
+    from inventory.discovery.system import SYSTEM_COMMAND
+
+    done = subprocess.run(["sh", "-c", SYSTEM_COMMAND], capture_output=True, text=True, timeout=30)
+    facts = parse_system(done.stdout)
+    assert done.returncode == 0 and facts.wireguard is not None
+    assert facts.overlay in ("kernel", "wireguard-go", "")
+    assert (facts.overlay == "") == bool(facts.overlay_missing)
+
+
+@pytest.mark.django_db
+def test_the_host_page_says_whether_an_ssh_host_can_join_an_overlay(
+    northwind, northwind_ib, add_local_host, priya
+):
+    host = add_local_host(northwind, northwind_ib, "iad1-h100-03")
+    lacking = "`wg` (install wireguard-tools)"
+    Host.objects.filter(pk=host.pk).update(
+        driver="ssh", system={**host.system, "overlay": "", "overlay_missing": lacking}
+    )
+    page = Client()
+    page.force_login(priya)
+    html = page.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    shown = re.search(r'<div id="host-overlay">(.*?)</div>', html).group(1)
+    assert "not possible" in shown and "needs `wg` (install wireguard-tools)" in shown
+    Host.objects.filter(pk=host.pk).update(system={**host.system, "overlay": "wireguard-go"})
+    html = page.get(f"/inventory/hosts/{host.pk}/").content.decode()
+    assert "wireguard-go (userspace WireGuard)" in re.search(
+        r'<div id="host-overlay">(.*?)</div>', html
+    ).group(1)

@@ -239,6 +239,7 @@ def test_a_cluster_across_natted_providers_forms_on_its_overlay_runs_a_job_and_l
     lab, lab_hosts, alice, team_a, tmp_path
 ):
     from clusters import provision, services
+    from clusters.models import BandwidthSample
     from inventory import services as inventory
     from inventory.models import Host
     from jobs import services as jobs
@@ -250,6 +251,8 @@ def test_a_cluster_across_natted_providers_forms_on_its_overlay_runs_a_job_and_l
         team_a, alice, {"name": "one-network", "nodes": 2, "gpus_per_node": 2, "gpu_models": ["L40S"]}
     )
     services.place_cluster(direct.pk)
+    direct.refresh_from_db()
+    assert direct.plan["network_path"] == "direct" and direct.plan["direct_busbw_gbps"] is None
     direct = provision.provision_cluster(direct.pk)
     assert direct.status == "ready", direct.failure_message
     assert direct.network_path == "direct" and direct.overlay_network == ""
@@ -262,9 +265,16 @@ def test_a_cluster_across_natted_providers_forms_on_its_overlay_runs_a_job_and_l
         team_a, alice, {"name": "across", "nodes": 4, "gpus_per_node": 1, "gpu_models": ["L40S"]}
     )
     services.place_cluster(cluster.pk)
+    cluster.refresh_from_db()
+    # The plan knew the path before any key existed, and predicts at the relay's cost.
+    assert cluster.plan["network_path"] == "relay", cluster.plan["explanation"]
+    assert cluster.predicted_busbw_gbps < cluster.plan["direct_busbw_gbps"]
     cluster = provision.provision_cluster(cluster.pk)
     assert cluster.status == "ready", cluster.failure_message
     assert cluster.network_path == "relay" and cluster.overlay_network.startswith("100.9")
+    # Its probe is kept as the relay's cost, which the next plan between such hosts predicts from.
+    sample = BandwidthSample.objects.get(cluster=cluster)
+    assert sample.level == "relay" and sample.predicted_gbps == cluster.plan["direct_busbw_gbps"]
     iface = overlay.interface(cluster.pk)
     nodes = list(cluster.nodes.select_related("host"))
     assert all(node.node_ip.startswith(cluster.overlay_network.rsplit(".", 1)[0]) for node in nodes)
