@@ -42,16 +42,26 @@ COST_MAX_AGE_DAYS = 7  # as placement's measured figures (planning.MEASURED_MAX_
 DEFAULT_COST = {OVERLAY: 0.9, RELAY: 0.45}
 
 
-def members_of(hosts: Iterable[Host]) -> list[overlay.Member]:
-    """The hosts as the overlay would plan them (each once), from their recorded reachability."""
+def members_of(hosts: Iterable[Host], cluster: Cluster | None = None) -> list[overlay.Member]:
+    """The hosts as the overlay would plan them (each once), from their recorded reachability. A host whose
+    forwarded port another live overlay holds has no endpoint for a new one (cluster_overlay.port_of)."""
     unique = list({host.pk: host for host in hosts}.values())
     networks = reachability.networks(unique)
-    return [overlay.Member(h.name, networks[h.pk], h.node_ip, h.overlay_endpoint) for h in unique]
+    taken = ClusterNode.objects.filter(
+        host__in=unique, released_at__isnull=True, overlay_port=overlay.DEFAULT_PORT
+    )
+    if cluster is not None:
+        taken = taken.exclude(cluster=cluster)
+    busy = set(taken.values_list("host_id", flat=True))
+    return [
+        overlay.Member(h.name, networks[h.pk], h.node_ip, "" if h.pk in busy else h.overlay_endpoint)
+        for h in unique
+    ]
 
 
-def route_of(hosts: Iterable[Host]) -> overlay.Route:
+def route_of(hosts: Iterable[Host], cluster: Cluster | None = None) -> overlay.Route:
     """Raises overlay.OverlayFailed when some pair needs a relay and no host can be it."""
-    return overlay.route(members_of(hosts))
+    return overlay.route(members_of(hosts, cluster))
 
 
 def host_class(hosts: Iterable[Host]) -> str:
@@ -184,7 +194,7 @@ def blame(cluster: Cluster, nodes: Sequence[ClusterNode], result: dict, fraction
     by_ip = {node.node_ip: node.host.name for node in nodes}
     names = [by_ip.get(ip, ip) for ip in ips]
     try:
-        routed = route_of(node.host for node in nodes)
+        routed = route_of((node.host for node in nodes), cluster)
     except overlay.OverlayFailed:
         return ""
     rated = []

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from clusters import network_paths, planning, provision, transitions
-from clusters.models import BandwidthSample, Cluster
+from clusters.models import BandwidthSample, Cluster, ClusterNode
 from clusters.probes import allreduce
 from inventory.models import HostReach
 
@@ -182,3 +182,19 @@ def test_a_host_without_wireguard_is_a_warning_of_an_overlay_plan(alice, client_
         "network: nw-01 cannot join an overlay (needs `wg` (install wireguard-tools)): bring-up would replace it"
         in plan["warnings"]
     )
+
+
+def test_a_forwarded_port_another_live_overlay_holds_is_no_endpoint_for_the_next(
+    alice, team_a, client_for, two_providers
+):
+    _, he = two_providers
+    other = Cluster.objects.create(team=team_a, name="holds-51820", spec=spec(), status="ready")
+    ClusterNode.objects.create(
+        cluster=other, host=he, rank=0, is_head=True, gpu_indices=[], overlay_port=51820
+    )
+
+    plan = preview(client_for(alice))
+
+    assert plan["network_path"] == "overlay"
+    assert any("nw-01, he-01 have no reachable UDP endpoint" in w or "he-01, nw-01 have no" in w
+               for w in plan["warnings"]), plan["warnings"]  # fmt: skip
