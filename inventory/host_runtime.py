@@ -112,7 +112,9 @@ class HostRuntime:
     installed_now: bool = False  # this call installed it (else it was found ready and verified)
     wheels_copied: int = 0  # of the wheelhouse, by this call (the others were on the host already)
     wheels: int = 0
-    method: str = ""  # how this call installed it: "image" (one squashfs file, mounted) or "wheels" (pip)
+    # How Volt installed it: "image" (one squashfs file, mounted) or "wheels" (pip); by this call when
+    # `installed_now`, else as its marker says ("" when the provider installed it).
+    method: str = ""
     image_copied: int = 0  # bytes of the image this call copied (0: it was on the host already)
 
     @property
@@ -164,6 +166,11 @@ def inspect(driver: HostDriver, path: str) -> HostRuntime:
         runtime.problems.append(f"its image could not be mounted again: {' '.join(unmounted)[:300]}")
     marker, _, report_text = result.stdout.split("@@exists", 1)[1].partition("@@report")
     runtime.installed_by = "volt" if marker.strip().startswith("{") else "provider"
+    if runtime.installed_by == "volt":
+        try:
+            runtime.method = str(json.loads(marker.strip().splitlines()[0]).get("how") or "")
+        except (ValueError, AttributeError):
+            runtime.method = ""
     try:
         report = json.loads(report_text.strip().splitlines()[-1])
     except (ValueError, IndexError):

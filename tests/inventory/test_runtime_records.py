@@ -5,6 +5,8 @@ idle hosts are brought up to date and busy ones wait for their cluster's end."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.test import Client
 
@@ -144,3 +146,46 @@ def test_when_volts_pins_move_idle_hosts_are_brought_up_to_date_and_busy_ones_wa
     waited = runtimes.install_runtime(taken.pk)  # a worker that gets to it anyway leaves it alone
     assert waited.runtime["state"] == "waiting"
     assert "when the host's cluster ends" in waited.runtime["step"]
+
+
+class MarkedHost:
+    """A host whose runtime folder holds Volt's marker (the host driver is the seam)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+        self.address = "nw-01"
+
+    def run(self, command, timeout=None):
+        from inventory.drivers.base import CommandResult
+
+        report = {
+            "python": host_runtime.python_version(),
+            "versions": dict(host_runtime.pins()),
+            "foreign": [],
+        }
+        return CommandResult(0, f"@@exists\n{self.marker}\n\n@@report\n{json.dumps(report)}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("marker", "method", "shown"),
+    [
+        ('{"key": "k", "by": "volt", "how": "image"}', "image", "Volt's runtime image: one squashfs file"),
+        ('{"key": "k", "by": "volt", "how": "wheels"}', "wheels", "Volt's wheels, installed with pip"),
+        ("", "", None),  # no marker: the provider's own install
+    ],
+)
+def test_the_host_page_says_whether_the_runtime_came_from_the_image_or_the_wheels(
+    northwind_ib, make_host, priya, marker, method, shown
+):
+    found = host_runtime.inspect(MarkedHost(marker), "/opt/volt/runtime-x")
+    assert (found.installed_by, found.method) == ("volt" if marker else "provider", method)
+
+    host = make_host(northwind_ib.blocks.first())
+    Host.objects.filter(pk=host.pk).update(runtime=host.runtime | {"method": found.method})
+    client = Client()
+    client.force_login(priya)
+    page = client.get(f"/inventory/hosts/{host.pk}/").content.decode().replace("&#x27;", "'")
+    if shown:
+        assert shown in page
+    else:
+        assert 'id="runtime-method"' not in page
