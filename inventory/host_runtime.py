@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from inventory.drivers.base import HostDriver
+from inventory.drivers.base import DriverError, HostDriver, HostUnreachable
 from inventory.runtime_build import INSTALL_TIMEOUT_S as INSTALL_TIMEOUT_S
 from inventory.runtime_build import PINNED as PINNED
 from inventory.runtime_build import Image, Wheelhouse, build_image, image_unavailable, mb
@@ -390,8 +390,20 @@ def _install_image(
     sudo: str,
     progress: Callable[[str], None],
 ) -> HostRuntime | None:
-    """Install from the image; None where the host cannot mount it (the caller falls back to wheels)."""
-    remote, copied = copy_image(driver, image, home, python, progress)
+    """Install from the image; None where the host cannot take it (the caller falls back to wheels): the copy
+    failed or arrived damaged (what is left of it is removed), or the host cannot mount it. A host that
+    stopped answering is no reason to try the wheels: that raises."""
+    try:
+        remote, copied = copy_image(driver, image, home, python, progress)
+    except HostUnreachable:
+        raise
+    except DriverError as exc:
+        progress(
+            f"the runtime image could not be copied ({str(exc)[:200]}): installing from the wheelhouse instead"
+        )
+        part = shlex.quote(f"{home}/{HOME_DIR}/images/{image.path.name}.part")
+        driver.run(f"rm -f {part}", timeout=30)
+        return None
     quoted, mounted = shlex.quote(target), shlex.quote(f"{target}/{IMAGE_MOUNT}")
     progress(f"mounting the runtime image at {target}/{IMAGE_MOUNT}")
     steps = _prepare(target, sudo) + [

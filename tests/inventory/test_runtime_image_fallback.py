@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from inventory import host_runtime, runtime_build
-from inventory.drivers.base import CommandResult, HostDriver
+from inventory.drivers.base import CommandResult, DriverError, HostDriver, HostUnreachable
 
 SYSTEM = {
     "privilege": "sudo",
@@ -84,6 +84,60 @@ def test_a_host_that_cannot_mount_the_image_gets_the_wheels_and_says_why(wheelho
                in step for step in steps)  # fmt: skip
     assert host.copied == [f"/home/volt/.volt/images/{image.path.name}.part",
                            f"/home/volt/.volt/wheelhouse/{host_runtime.key()}/pip-24.0-py3-none-any.whl"]  # fmt: skip
+
+
+class CopyFailsHost(SudoHost):
+    """The image's copy fails midway (a full disk under the image folder) or arrives damaged."""
+
+    def __init__(self, damaged: bool):
+        super().__init__()
+        self.damaged = damaged
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        if self.damaged and "@@good" in command:
+            self.commands.append(command)
+            return CommandResult(0, "@@bad 1234\n", "")
+        return super().run(command, timeout)
+
+    def copy_file(self, local_path: Path, remote_path: str, timeout: float | None = None) -> None:
+        if remote_path.endswith(".part") and not self.damaged:
+            raise DriverError(f"copying to {remote_path}: scp: write: No space left on device")
+        super().copy_file(local_path, remote_path, timeout)
+
+
+@pytest.mark.parametrize(
+    ("damaged", "why"),
+    [
+        (False, "scp: write: No space left on device"),
+        (True, "the runtime image arrived damaged on the host (sha256 differs): @@bad 1234"),
+    ],
+)
+def test_an_image_copy_that_fails_or_arrives_damaged_falls_back_to_the_wheels(wheelhouse, damaged, why):
+    image = tmp_image(wheelhouse)
+    host, steps = CopyFailsHost(damaged), []
+
+    runtime = host_runtime.install(host, SYSTEM, steps.append, wheelhouse=wheelhouse)
+
+    assert runtime.ready and runtime.method == "wheels"
+    said = next(step for step in steps if step.startswith("the runtime image could not be copied"))
+    assert why in said and said.endswith("installing from the wheelhouse instead")
+    assert (
+        f"rm -f /home/volt/.volt/images/{image.path.name}.part" in host.commands
+    )  # nothing half-copied left
+    assert not any(command.startswith("sudo -n mount ") for command in host.commands)  # no image to mount
+
+
+def test_a_host_that_stops_answering_during_the_copy_is_not_sent_the_wheels(wheelhouse):
+    tmp_image(wheelhouse)
+
+    class Gone(SudoHost):
+        def copy_file(self, local_path, remote_path, timeout=None):
+            raise HostUnreachable("volt@gpu-7 is not answering")
+
+    host = Gone()
+    with pytest.raises(HostUnreachable):
+        host_runtime.install(host, SYSTEM, lambda step: None, wheelhouse=wheelhouse)
+    assert not any("wheelhouse" in path for path in host.copied)
 
 
 def test_a_control_plane_that_cannot_build_the_image_installs_from_the_wheels(wheelhouse):
