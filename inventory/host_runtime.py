@@ -278,8 +278,52 @@ def install(
             image = None
         runtime = _install_image(driver, home, python, target, image, sudo, progress) if image else None
         if runtime is not None:
+            remove_earlier(driver, home, target, sudo, progress)
             return runtime
-    return _install_wheels(driver, home, python, target, wheelhouse, sudo, progress)
+    runtime = _install_wheels(driver, home, python, target, wheelhouse, sudo, progress)
+    remove_earlier(driver, home, target, sudo, progress)
+    return runtime
+
+
+def remove_earlier(
+    driver: HostDriver, home: str, target: str, sudo: str, progress: Callable[[str], None]
+) -> list[str]:
+    """Once the runtime of Volt's current pins is in place: earlier runtimes Volt installed on the host (its
+    marker in them) go, their image unmounted first, and so do earlier images and wheelhouses. A runtime
+    whose image is still in use (umount refuses) stays, named, for the next install. Never fails the
+    install: returns what it could not remove."""
+    here = key()
+    home_dir = f"{home}/{HOME_DIR}"
+    script = "\n".join(
+        [
+            f"for d in {SYSTEM_DIR}/runtime-* {shlex.quote(home_dir)}/runtime-*; do",
+            f'  [ -d "$d" ] && [ "$d" != {shlex.quote(target)} ] && [ -f "$d/{MARKER}" ] || continue',
+            f'  if [ -d "$d" ] && [ "${{d#{SYSTEM_DIR}/}}" != "$d" ]; then S={shlex.quote(sudo)}; else S=; fi',
+            f'  while mountpoint -q "$d/{IMAGE_MOUNT}"; do $S umount "$d/{IMAGE_MOUNT}" || break; done',
+            f'  if mountpoint -q "$d/{IMAGE_MOUNT}"; then echo "@@kept $d"; continue; fi',
+            '  $S rm -rf "$d" && echo "@@removed $d" || echo "@@kept $d"',
+            "done",
+            f"for f in {shlex.quote(home_dir)}/images/*.sqfs {shlex.quote(home_dir)}/images/*.part; do",
+            f'  [ -e "$f" ] && [ "$(basename "$f")" != {shlex.quote(here + ".sqfs")} ] && rm -f "$f"',
+            "done",
+            f"for w in {shlex.quote(home_dir)}/wheelhouse/*; do",
+            f'  [ -d "$w" ] && [ "$(basename "$w")" != {shlex.quote(here)} ] && rm -rf "$w"',
+            "done",
+            "true",
+        ]
+    )
+    try:
+        result = driver.run(script, timeout=300)
+    except DriverError as exc:
+        progress(f"earlier runtimes were left on the host: {str(exc)[:200]}")
+        return []
+    kept = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("@@kept ")]
+    removed = [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("@@removed ")]
+    if removed:
+        progress(f"removed earlier runtimes: {', '.join(removed)}")
+    if kept:
+        progress(f"kept earlier runtimes still in use: {', '.join(kept)}")
+    return kept
 
 
 def _prepare(target: str, sudo: str) -> list[str]:

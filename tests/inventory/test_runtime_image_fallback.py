@@ -168,3 +168,71 @@ def tmp_image(wheelhouse: runtime_build.Wheelhouse) -> runtime_build.Image:
     image = runtime_build.load_image()
     assert image is not None
     return image
+
+
+class ShellHost(HostDriver):
+    """The host's commands in a shell on this machine, in folders of the test's own."""
+
+    address = "volt@gpu-7"
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout or 60)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def copy_file(self, local_path, remote_path, timeout=None):
+        shutil.copyfile(local_path, remote_path)
+
+    def check_reachable(self, timeout=None):
+        return None
+
+
+def test_a_new_runtime_removes_the_earlier_ones_volt_installed_and_their_images(tmp_path, monkeypatch):
+    """Each change of Volt's pins left the earlier runtime, its image (mounted) and its wheelhouse on every
+    host for good."""
+    system_dir, home = tmp_path / "opt-volt", tmp_path / "home"
+    monkeypatch.setattr(host_runtime, "SYSTEM_DIR", str(system_dir))
+    here = host_runtime.key()
+    for folder in (f"runtime-{here}", "runtime-ray2.0.0-old", "runtime-by-provider"):
+        (system_dir / folder / "bin").mkdir(parents=True)
+    for folder in (f"runtime-{here}", "runtime-ray2.0.0-old"):
+        (system_dir / folder / host_runtime.MARKER).write_text('{"by": "volt"}')
+    (home / ".volt" / "images").mkdir(parents=True)
+    for name in (f"{here}.sqfs", "ray2.0.0-old.sqfs", "ray2.0.0-old.sqfs.part"):
+        (home / ".volt" / "images" / name).write_text("image")
+    for name in (here, "ray2.0.0-old"):
+        (home / ".volt" / "wheelhouse" / name).mkdir(parents=True)
+    steps: list[str] = []
+
+    kept = host_runtime.remove_earlier(
+        ShellHost(), str(home), f"{system_dir}/runtime-{here}", "", steps.append
+    )
+
+    assert kept == []
+    assert sorted(p.name for p in system_dir.iterdir()) == sorted([f"runtime-{here}", "runtime-by-provider"])
+    assert [p.name for p in (home / ".volt" / "images").iterdir()] == [f"{here}.sqfs"]
+    assert [p.name for p in (home / ".volt" / "wheelhouse").iterdir()] == [here]
+    assert steps == [f"removed earlier runtimes: {system_dir}/runtime-ray2.0.0-old"]
+
+
+def test_an_earlier_runtimes_mounted_image_is_unmounted_before_its_folder_goes(tmp_path, monkeypatch):
+    """Root, as a host where Volt logs in as root (CI runs as root): a real squashfs, really mounted."""
+    system_dir = tmp_path / "opt-volt"
+    monkeypatch.setattr(host_runtime, "SYSTEM_DIR", str(system_dir))
+    old = system_dir / "runtime-ray2.0.0-old"
+    (old / host_runtime.IMAGE_MOUNT).mkdir(parents=True)
+    (old / host_runtime.MARKER).write_text('{"by": "volt", "how": "image"}')
+    content = tmp_path / "content"
+    content.mkdir()
+    (content / "marker").write_text("an old image")
+    image = tmp_path / "old.sqfs"
+    subprocess.run(["mksquashfs", str(content), str(image), "-quiet", "-noappend"], check=True)
+    subprocess.run(["mount", *host_runtime.MOUNT_OPTIONS.split(), str(image), str(old / "image")], check=True)
+    try:
+        steps: list[str] = []
+        kept = host_runtime.remove_earlier(ShellHost(), str(tmp_path / "home"), str(system_dir / "runtime-new"),
+                                           "", steps.append)  # fmt: skip
+        assert kept == [] and not old.exists()
+        assert steps == [f"removed earlier runtimes: {old}"]
+    finally:
+        if subprocess.run(["mountpoint", "-q", str(old / "image")]).returncode == 0:
+            subprocess.run(["umount", str(old / "image")])
