@@ -9,10 +9,14 @@ namespace (nothing propagates back), a fresh /proc; its disk's folders over /opt
 /var/tmp; an overlay on /etc (the box's /etc below, the machine's own files above: its host name, hosts,
 users, sudoers, sshd config and host key; what it writes stays its own); an overlay on /usr/local/bin
 holding its simulated `nvidia-smi` and `ibstat`; tmpfs on /run and /dev/shm; and the lab's shared folder
-at /mnt/volt-shared. It sets the host name and then execs sshd, which becomes PID 1. Killing PID 1 ends
-every process of the PID namespace at once: that is `power_off`.
+at /mnt/volt-shared. It sets the host name; last, its disk's var-lib over /var/lib and, where the lab's
+folder lies elsewhere, an empty tmpfs over it: a machine sees neither the box's /var/lib (Volt's database
+files, the default lab folder) nor the other machines' disks, and what it writes there stays its own
+(earlier, every machine shared the box's /var/lib: overlay keys written there were one file for all). It
+then execs sshd, which becomes PID 1. Killing PID 1 ends every process of the PID namespace at once: that
+is `power_off`.
 
-On disk (`<lab dir>/machines/<name>/`): `disk/{opt,home,root,tmp,var-tmp}`, `etc/` and `usr-local-bin/`
+On disk (`<lab dir>/machines/<name>/`): `disk/{opt,home,root,tmp,var-tmp,var-lib}`, `etc/` and `usr-local-bin/`
 (the overlays' upper layers, with `work/` beside them), `init.sh`, and `console.log` (what init and sshd
 print). The simulated tools read `/opt/volt-lab/` (spec.json, faults/, sys/class/infiniband), a copy of
 the `local` driver's simulator run by the box's python3, so nothing under the checkout or its venv (which
@@ -118,7 +122,14 @@ def prepare(
 ) -> str:
     """Lay out `machine`'s disk, /etc and tools; returns its host public key ("ssh-ed25519 AAAA…")."""
     root = machine_dir(lab_dir, machine.name)
-    for sub, mode in (("opt", 0o755), ("home", 0o755), ("root", 0o700), ("tmp", 0o1777), ("var-tmp", 0o1777)):
+    for sub, mode in (
+        ("opt", 0o755),
+        ("home", 0o755),
+        ("root", 0o700),
+        ("tmp", 0o1777),
+        ("var-tmp", 0o1777),
+        ("var-lib", 0o755),
+    ):
         (root / "disk" / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(root / "disk" / sub, mode)
     for sub in ("etc", "etc-work", "usr-local-bin", "usr-local-bin-work"):
@@ -261,9 +272,22 @@ mount -t tmpfs -o mode=0755,size=1m tmpfs /mnt
 mkdir {SHARED_MOUNT}
 mount --bind {shared} {SHARED_MOUNT}
 hostname {machine.name}
+{_hide_the_box(root)}
 echo "machine {machine.name} up: sshd is PID $$"
 exec /usr/sbin/sshd -D -e -f /etc/ssh/sshd_config
 """
+
+
+def _hide_the_box(root: Path) -> str:
+    """init's last mounts (after every one that reads the lab's folder): the machine's own /var/lib, then an
+    empty tmpfs over the lab's folder where /var/lib did not already hide it."""
+    lab = shlex.quote(str(root.parent.parent))
+    return "\n".join(
+        [
+            f"mount --bind {shlex.quote(str(root / 'disk' / 'var-lib'))} /var/lib",
+            f"if [ -d {lab} ]; then mount -t tmpfs -o mode=0755,size=1m tmpfs {lab}; fi",
+        ]
+    )
 
 
 def _under_own_disk(path: Path) -> bool:
@@ -280,6 +304,11 @@ def _control_init(
     started before sshd (which waits for it), the management network as the root namespace sees it: every
     machine's gate address on this machine's loopback, connected over its own cable (inventory/lab/gate.py)."""
     before, after = [], []
+    hidden = [p for p in (VOLT_DIR, Path(sys.base_prefix).resolve()) if p.is_relative_to("/var/lib")]
+    if hidden:  # init puts the machine's own /var/lib there last, after these would be back in view
+        raise MachineError(
+            f"{hidden[0]} lies under /var/lib, which a lab machine has its own of: put it elsewhere"
+        )
     paths = [path for path in (VOLT_DIR, Path(sys.base_prefix).resolve()) if _under_own_disk(path)]
     for index, path in enumerate(dict.fromkeys(paths)):
         stash, at = shlex.quote(str(root / f"visible-{index}")), shlex.quote(str(path))

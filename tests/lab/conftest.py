@@ -144,6 +144,8 @@ def make_lab(lab_number, lab_base, tmp_path_factory) -> Iterator:
     lab = Lab(lab_number, lab_base)
 
     def up(topology: dict | None = None, *args: str) -> Lab:
+        if (lab.directory / "state.json").exists():  # a killed run's lab: this run holds its number's lock
+            lab.manage("down", check=False)
         if topology is not None:
             path = tmp_path_factory.mktemp("topology") / "lab.json"
             path.write_text(json.dumps(topology))

@@ -8,6 +8,7 @@ at another provider (its own network, through the router).
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,23 @@ def test_each_machine_sees_only_its_own_opt_and_processes(lab):
         assert len(processes) < 10, processes  # sshd, this session's sshd and shell, ps
         assert lab.ssh(name, "hostname").strip() == name
         assert lab.ssh(name, "whoami; sudo -n whoami").split() == ["volt", "root"]
+
+
+def test_each_machine_has_its_own_var_lib_and_sees_no_other_machines_disk(lab):
+    """Every machine saw the box's /var/lib: a key one machine wrote there was every machine's, and the
+    default lab folder (/var/lib/volt-lab, every machine's disk) and Volt's database files were in view."""
+    for name in NAMES:
+        lab.ssh(name, f"sudo mkdir -p /var/lib/volt && echo {name} | sudo tee /var/lib/volt/mine >/dev/null")
+
+    for name in NAMES:
+        assert lab.ssh(name, "cat /var/lib/volt/mine").strip() == name
+        seen = lab.ssh(name, "sudo ls -A /var/lib").split()
+        assert "volt" in seen and not {"postgresql", "redis", "dpkg", "volt-lab"} & set(seen), seen
+        # The lab's folder (here or under /var/lib) holds nothing of the machines' disks in a machine's view.
+        assert lab.ssh(name, f"sudo ls -A {lab.directory} 2>/dev/null || true").split() == []
+    assert (
+        not Path("/var/lib/volt/mine").exists() or Path("/var/lib/volt/mine").read_text().strip() not in NAMES
+    )
 
 
 def test_ssh_through_each_gate_reaches_that_machine_with_its_own_host_key(lab):
