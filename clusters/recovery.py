@@ -52,7 +52,7 @@ from clusters.choices import RECOVERY_OPEN, ClusterStatus, FailureReason, Recove
 from clusters.choices import RecoveryStatus as R
 from clusters.models import Cluster, ClusterNode, NodeHealth, Recovery, RecoveryJob
 from clusters.telemetry import ray_head
-from voltweb import realtime
+from voltweb import locks, realtime
 from voltweb.statemachine import IllegalTransition
 from voltweb.taskutils import enqueue_on_commit
 
@@ -138,8 +138,7 @@ def recover_cluster(cluster_id: int) -> str:
     try:
         return _recover(Cluster.objects.get(pk=cluster_id)).status
     finally:
-        if cache.get(lock_key(cluster_id)) == token:
-            cache.delete(lock_key(cluster_id))
+        locks.release(lock_key(cluster_id), token)  # only its own: one that expired and was retaken stays
 
 
 def _recover(cluster: Cluster) -> Cluster:

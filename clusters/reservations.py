@@ -45,6 +45,7 @@ from clusters.choices import HOLDS_GPUS, ClusterStatus
 from clusters.models import Allocation, Cluster
 from inventory.choices import GpuHealth
 from inventory.models import GPU, Host
+from voltweb import locks
 
 logger = logging.getLogger(__name__)
 NO_BOUND_NO_DURATION = (
@@ -114,8 +115,7 @@ def schedule(now: datetime | None = None, budget_s: float = BUDGET_S) -> dict[in
     try:
         return _schedule(now, budget_s)
     finally:
-        if cache.get(LOCK_KEY) == token:
-            cache.delete(LOCK_KEY)
+        locks.release(LOCK_KEY, token)  # only its own: one that expired and was retaken stays
 
 
 def _schedule(now: datetime | None, budget_s: float) -> dict[int, Window | None]:

@@ -38,7 +38,7 @@ from inventory.discovery.nvidia_smi import parse_query_gpu
 from inventory.discovery.probe import QUERY_COMMAND
 from inventory.discovery.types import ParseError
 from inventory.drivers.base import DriverError
-from voltweb import realtime
+from voltweb import locks, realtime
 from voltweb.statemachine import IllegalTransition
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,7 @@ def sweep_cluster(cluster_id: int) -> str:
             return cluster.status
         return _sweep(cluster).status
     finally:
-        if cache.get(lock_key(cluster_id)) == token:
-            cache.delete(lock_key(cluster_id))
+        locks.release(lock_key(cluster_id), token)  # only its own: one that expired and was retaken stays
 
 
 def _sweep_budget_s() -> float:
