@@ -45,7 +45,7 @@ from clusters.choices import HOLDS_GPUS, ClusterStatus
 from clusters.models import Allocation, Cluster
 from inventory.choices import GpuHealth
 from inventory.models import GPU, Host
-from voltweb import locks
+from voltweb import locks, realtime
 
 logger = logging.getLogger(__name__)
 NO_BOUND_NO_DURATION = (
@@ -362,6 +362,8 @@ def _store(cluster: Cluster, window: Window | None, why: str) -> None:
     if all(getattr(cluster, k) == v for k, v in fields.items()):
         return
     Cluster.objects.filter(pk=cluster.pk, status=ClusterStatus.QUEUED).update(**fields)
+    # The cluster's page shows its start bound ("Starts by …"): it reloads its static part on this.
+    realtime.broadcast(f"cluster-{cluster.pk}", {"kind": "queue"})
     if window is not None and cluster.reserved_from != window.start:
         logger.info(
             "cluster %s: reserved from %s on %d hosts", cluster.pk, window.start, len(window.host_ids)

@@ -211,6 +211,7 @@
   const handlers = {
     snapshot,
     status: (e) => { setStatus(e.status); refreshStatic(); },
+    queue: () => refreshStatic(),  // a queued cluster's start bound or reason moved
     timeline: (e) => addTimeline(e.at, e.status, e.status, e.message),
     health: (e) => { drawHealth(e.nodes); addGpu(e.ts, e.nodes); },
     bandwidth: (e) => { if (e.predicted_busbw_gbps) state.predicted = e.predicted_busbw_gbps; addBandwidth(e.ts, e.busbw_gbps, e.source); },

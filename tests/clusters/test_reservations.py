@@ -161,6 +161,24 @@ def test_requests_behind_the_head_are_bounded_around_its_window(alice, client_fo
     assert third.reserved_from == first.reserved_until
 
 
+def test_a_queued_clusters_page_is_told_when_its_start_bound_moves(
+    alice, client_for, committed, busy, monkeypatch
+):
+    """ "Starts by" was drawn once: a bound set or moved while the page was open stayed unseen until reload."""
+    from voltweb import realtime
+
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr(realtime, "broadcast", lambda group, event: sent.append((group, event)))
+    first = request(alice_client := client_for(alice), committed, name="first", nodes=64, duration_s=4 * HOUR)
+    drain(committed)
+
+    assert (f"cluster-{first.pk}", {"kind": "queue"}) in sent
+    sent.clear()
+    drain(committed)  # nothing moved: nothing sent
+    assert (f"cluster-{first.pk}", {"kind": "queue"}) not in sent
+    assert alice_client.get(f"/api/v1/clusters/{first.pk}/").json()["starts_by"] is not None
+
+
 def test_an_extension_that_would_run_into_a_reservation_is_refused_with_the_most_it_may_take(
     alice, client_for, committed, busy
 ):
