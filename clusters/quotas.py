@@ -217,20 +217,39 @@ class TeamRoom:
     """A team's quota against its use over time, for the queue's reservations (clusters/reservations.py):
     its clusters' GPUs held until their requested ends (`Cluster.ends_at`; none: for ever), and the GPUs its
     other queued requests are planned to hold. Read once per request planned (one query, two with a
-    budget)."""
+    budget).
+
+    A monthly budget is projected forward: what the team will have used in a time's calendar month by
+    then (so far this month, its clusters running on, its planned requests) must leave room, as admission
+    will ask at that time; a month that starts later starts from nothing."""
 
     def __init__(self, team: Team, quota: TeamQuota, now: datetime):
-        self.team, self.quota = team, quota
+        self.team, self.quota, self.now = team, quota, now
         self.held = list(
             Allocation.objects.filter(active=True, cluster__team=team).values_list(
                 "gpu__model", "cluster__ends_at"
             )
         )
         self.renews: datetime | None = None  # the budget is spent: nothing starts before it renews
+        self.spent = 0.0  # GPU-hours this month so far
         if quota.gpu_hours_per_month is not None:
-            spent = gpu_hours_between([team.pk], month_start(now), now).get(team.pk, 0.0)
-            if spent >= quota.gpu_hours_per_month:
+            self.spent = gpu_hours_between([team.pk], month_start(now), now).get(team.pk, 0.0)
+            if self.spent >= quota.gpu_hours_per_month:
                 self.renews = next_month_start(now)
+
+    def spent_by(self, at: datetime, planned: list[Planned]) -> float:
+        """GPU-hours the team will have used in `at`'s calendar month by `at`."""
+        start = month_start(at)
+        total = self.spent if start == month_start(self.now) else 0.0
+        since = max(start, self.now)
+
+        def hours(begin: datetime, end: datetime | None) -> float:
+            stop = at if end is None else min(end, at)
+            return max(0.0, (stop - max(begin, since)).total_seconds() / 3600)
+
+        total += sum(hours(since, until) for _, until in self.held)  # one row per GPU
+        total += sum(other.gpus * hours(other.start, other.end) for other in planned)
+        return total
 
     @classmethod
     def of(cls, team: Team, now: datetime) -> TeamRoom | None:
@@ -240,7 +259,10 @@ class TeamRoom:
 
     def times(self) -> set[datetime]:
         """When its room may grow: its clusters' ends, and the budget's renewal."""
-        return {end for _, end in self.held if end is not None} | ({self.renews} if self.renews else set())
+        renewal = self.renews or (
+            next_month_start(self.now) if self.quota.gpu_hours_per_month is not None else None
+        )
+        return {end for _, end in self.held if end is not None} | ({renewal} if renewal else set())
 
     def models_at(
         self, request: placement.PlacementRequest, at: datetime, end: datetime | None, planned: list[Planned]
@@ -249,6 +271,9 @@ class TeamRoom:
         the team still running at `at` and every planned request overlapping that run; () if none."""
         if self.renews is not None and at < self.renews:
             return ()
+        budget = self.quota.gpu_hours_per_month
+        if budget is not None and at > self.now and self.spent_by(at, planned) >= budget:
+            return ()  # admission at `at` would find the month's budget spent
         by_model: dict[str, int] = {}
         for model, until in self.held:
             if until is None or until > at:

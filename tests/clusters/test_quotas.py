@@ -290,3 +290,30 @@ def test_two_over_cap_requests_of_one_team_never_count_on_the_same_room(
     assert (first.status, second.status) == ("queued", "queued")
     assert first.reserved_from == two.ends_at
     assert second.reserved_from == first.reserved_until == two.ends_at + timedelta(hours=1)
+
+
+def test_a_reservation_is_not_placed_where_the_projected_budget_is_spent(
+    alice, root, team_a, rack, client_for, committed
+):
+    """Cap 16 and 30 GPU-hours a month, two running 8-GPU clusters ending at 2 h and 3 h: by 2 h the team
+    will have used 32 GPU-hours, so the queued request cannot start then (admission would refuse it); it is
+    reserved from the budget's renewal. Before, the bound said 2 h and was missed."""
+    set_quota(client_for(root), team_a, committed, max_gpus=16, gpu_hours_per_month=30)
+    client = client_for(alice)
+    request(client, committed, nodes=1, duration_s=2 * 3600, name="two-hours")
+    request(client, committed, nodes=1, duration_s=3 * 3600, name="three-hours")
+    waiting = request(client, committed, nodes=1, duration_s=3600, name="waiting")
+
+    with committed():
+        services.drain_queue()
+
+    waiting.refresh_from_db()
+    assert waiting.status == "queued"
+    assert waiting.reserved_from == quotas.next_month_start(timezone.now())
+
+    # With room in the budget at 2 h (a platform admin raises it), the bound is the first cluster's end.
+    set_quota(client_for(root), team_a, committed, method="patch", gpu_hours_per_month=1000)
+    with committed():
+        services.drain_queue()
+    waiting.refresh_from_db()
+    assert waiting.reserved_from == Cluster.objects.get(name="two-hours").ends_at
