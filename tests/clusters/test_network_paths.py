@@ -198,3 +198,14 @@ def test_a_forwarded_port_another_live_overlay_holds_is_no_endpoint_for_the_next
     assert plan["network_path"] == "overlay"
     assert any("nw-01, he-01 have no reachable UDP endpoint" in w or "he-01, nw-01 have no" in w
                for w in plan["warnings"]), plan["warnings"]  # fmt: skip
+
+
+def test_the_cluster_page_names_its_network_path(verifying_relay, alice):
+    from django.test import Client
+
+    Cluster.objects.filter(pk=verifying_relay.pk).update(overlay_network="100.96.3.0/24")
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/clusters/{verifying_relay.pk}/").content.decode()
+    shown = html.split('id="cluster-network">', 1)[1].split("</div>", 1)[0]
+    assert "relay on" in shown and "100.96.3.0/24" in shown and "GB/s without it" in shown
