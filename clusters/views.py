@@ -149,9 +149,20 @@ def cluster_detail(request, pk):
         "can_submit_jobs": accounts.is_team_member(request.user, cluster.team),
         "probe_hosts": _probe_hosts(cluster),
         "emulation_scale": _emulation_scale(cluster),
+        "network": _network(cluster),
         **_recovery_context(request.user, cluster),
     }
     return render(request, "clusters/detail.html", context)
+
+
+def _network(cluster) -> dict | None:
+    """The page's Network fact: the path bring-up set (else the one the plan named), with the figure the
+    overlay's cost was taken from; None for one node or a plan from before paths were named."""
+    plan = cluster.plan or {}
+    path = cluster.network_path or plan.get("network_path")
+    if not path or not cluster.predicted_busbw_gbps:
+        return None
+    return {"path": path, "direct_gbps": plan.get("direct_busbw_gbps")}
 
 
 def _emulation_scale(cluster) -> float | None:
