@@ -129,14 +129,11 @@ def annotate(plan: placement.Plan, request: placement.PlacementRequest) -> place
         network_path=routed.path,
         direct_busbw_gbps=direct,
         predicted_busbw_gbps=busbw,
-        predicted_allreduce_s=_allreduce_s(request.reference_gradient_bytes, plan, busbw),
+        predicted_allreduce_s=placement.allreduce_seconds(
+            request.reference_gradient_bytes, len(plan.nodes), busbw, plan.spanned_level
+        ),
         explanation=(*plan.explanation, line, *warnings),
     )
-
-
-def _allreduce_s(nbytes: int, plan: placement.Plan | dict, busbw: float) -> float:
-    get = plan.get if isinstance(plan, dict) else lambda key: getattr(plan, key)
-    return placement.allreduce_seconds(nbytes, len(get("nodes")), busbw, get("spanned_level"))
 
 
 def reprice(cluster: Cluster, nodes: Sequence[ClusterNode], path: str) -> str:
@@ -153,7 +150,9 @@ def reprice(cluster: Cluster, nodes: Sequence[ClusterNode], path: str) -> str:
         network_path=path,
         direct_busbw_gbps=direct if path in OVER else None,
         predicted_busbw_gbps=busbw,
-        predicted_allreduce_s=_allreduce_s(nbytes, plan, busbw),
+        predicted_allreduce_s=placement.allreduce_seconds(
+            nbytes, len(plan["nodes"]), busbw, plan["spanned_level"]
+        ),
     )
     before = cluster.predicted_busbw_gbps
     Cluster.objects.filter(pk=cluster.pk).update(

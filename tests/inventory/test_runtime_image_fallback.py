@@ -9,11 +9,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from inventory import host_runtime, runtime_build
 from inventory.drivers.base import CommandResult, DriverError, HostDriver, HostUnreachable
+from tests.inventory.test_reachability import ShellDriver
 
 SYSTEM = {
     "privilege": "sudo",
@@ -170,20 +172,9 @@ def tmp_image(wheelhouse: runtime_build.Wheelhouse) -> runtime_build.Image:
     return image
 
 
-class ShellHost(HostDriver):
+def shell_host() -> ShellDriver:
     """The host's commands in a shell on this machine, in folders of the test's own."""
-
-    address = "volt@gpu-7"
-
-    def run(self, command: str, timeout: float | None = None) -> CommandResult:
-        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout or 60)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
-
-    def copy_file(self, local_path, remote_path, timeout=None):
-        shutil.copyfile(local_path, remote_path)
-
-    def check_reachable(self, timeout=None):
-        return None
+    return ShellDriver(SimpleNamespace(name="volt@gpu-7"))
 
 
 def test_a_new_runtime_removes_the_earlier_ones_volt_installed_and_their_images(tmp_path, monkeypatch):
@@ -204,7 +195,7 @@ def test_a_new_runtime_removes_the_earlier_ones_volt_installed_and_their_images(
     steps: list[str] = []
 
     kept = host_runtime.remove_earlier(
-        ShellHost(), str(home), f"{system_dir}/runtime-{here}", "", steps.append
+        shell_host(), str(home), f"{system_dir}/runtime-{here}", "", steps.append
     )
 
     assert kept == []
@@ -229,7 +220,7 @@ def test_an_earlier_runtimes_mounted_image_is_unmounted_before_its_folder_goes(t
     subprocess.run(["mount", *host_runtime.MOUNT_OPTIONS.split(), str(image), str(old / "image")], check=True)
     try:
         steps: list[str] = []
-        kept = host_runtime.remove_earlier(ShellHost(), str(tmp_path / "home"), str(system_dir / "runtime-new"),
+        kept = host_runtime.remove_earlier(shell_host(), str(tmp_path / "home"), str(system_dir / "runtime-new"),
                                            "", steps.append)  # fmt: skip
         assert kept == [] and not old.exists()
         assert steps == [f"removed earlier runtimes: {old}"]
